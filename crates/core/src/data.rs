@@ -1,0 +1,232 @@
+//! Seeded random inputs, poison patterns and element-wise checks shared by every back-end.
+
+use crate::task::{DType, Init, Tolerance};
+
+/// xoshiro256** seeded through splitmix64: small, fast, and stable across versions and
+/// languages, so any worker can regenerate an evaluation's inputs from its seed.
+#[derive(Debug, Clone)]
+pub struct Rng([u64; 4]);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Rng([next(), next(), next(), next()])
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.0;
+        let r = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        r
+    }
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+    pub fn normal(&mut self) -> f64 {
+        // Box-Muller; 1 - u keeps the logarithm finite.
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// Derive a per-tensor seed from an evaluation seed and the tensor's index.
+pub fn sub_seed(seed: u64, index: usize) -> u64 {
+    seed ^ (index as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
+}
+
+/// `n` values drawn from `init`, already rounded to what `dtype` can hold (so the reference
+/// sees exactly the values the kernel sees).
+pub fn draw(init: &Init, dtype: DType, n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|_| {
+            let v = match *init {
+                Init::Normal { mean, std } => mean + std * rng.normal(),
+                Init::Uniform { lo, hi } => lo + (hi - lo) * rng.uniform(),
+            };
+            round_to(v, dtype)
+        })
+        .collect()
+}
+
+pub fn round_to(v: f64, dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::Bf16 => half::bf16::from_f64(v).to_f64(),
+        DType::F64 => v,
+        DType::I32 => v.round(),
+    }
+}
+
+/// Encode values as little-endian bytes of `dtype`.
+pub fn encode(vals: &[f64], dtype: DType) -> Vec<u8> {
+    let mut out = Vec::with_capacity(vals.len() * dtype.size());
+    for &v in vals {
+        match dtype {
+            DType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+            DType::F16 => out.extend_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+            DType::Bf16 => out.extend_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+            DType::F64 => out.extend_from_slice(&v.to_le_bytes()),
+            DType::I32 => out.extend_from_slice(&(v as i32).to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// The poison written into every output element before a run: a NaN with a payload no
+/// arithmetic produces, so "never written" and "wrote NaN" can be told apart.
+pub fn poison_bytes(dtype: DType) -> &'static [u8] {
+    match dtype {
+        DType::F32 => &[0xA5, 0xA5, 0xA5, 0x7F],
+        DType::F16 => &[0x5A, 0x7D],
+        DType::Bf16 => &[0xA5, 0x7F],
+        DType::F64 => &[0xA5, 0xA5, 0xA5, 0xA5, 0xA5, 0xA5, 0xF5, 0x7F],
+        DType::I32 => &[0xA5, 0xA5, 0xA5, 0x7F],
+    }
+}
+
+pub fn fill_poison(buf: &mut [u8], dtype: DType) {
+    let p = poison_bytes(dtype);
+    for ch in buf.chunks_exact_mut(p.len()) {
+        ch.copy_from_slice(p);
+    }
+}
+
+fn decode_one(b: &[u8], dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::F64 => f64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+        DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+    }
+}
+
+pub fn decode(buf: &[u8], dtype: DType) -> Vec<f64> {
+    buf.chunks_exact(dtype.size()).map(|c| decode_one(c, dtype)).collect()
+}
+
+/// What comparing one output with its reference found.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Check {
+    pub elements: usize,
+    pub mismatches: usize,
+    pub unwritten: usize,
+    pub nan: usize,
+    pub max_abs_err: f64,
+    pub max_rel_err: f64,
+    /// First offending element, for the failure message.
+    pub first_bad: Option<(usize, f64, f64)>,
+}
+
+impl Check {
+    pub fn passed(&self) -> bool {
+        self.mismatches == 0 && self.unwritten == 0 && self.nan == 0
+    }
+    pub fn merge(&mut self, o: &Check) {
+        self.elements += o.elements;
+        self.mismatches += o.mismatches;
+        self.unwritten += o.unwritten;
+        self.nan += o.nan;
+        self.max_abs_err = self.max_abs_err.max(o.max_abs_err);
+        self.max_rel_err = self.max_rel_err.max(o.max_rel_err);
+        if self.first_bad.is_none() {
+            self.first_bad = o.first_bad;
+        }
+    }
+}
+
+/// Compare every element of `out` (raw bytes of `dtype`) with `reference`.
+pub fn check(out: &[u8], dtype: DType, reference: &[f64], tol: Tolerance) -> Check {
+    let p = poison_bytes(dtype);
+    let mut c = Check {
+        elements: reference.len(),
+        ..Check::default()
+    };
+    for (i, (bytes, &r)) in out.chunks_exact(dtype.size()).zip(reference).enumerate() {
+        if bytes == p {
+            c.unwritten += 1;
+            c.first_bad.get_or_insert((i, f64::NAN, r));
+            continue;
+        }
+        let v = decode_one(bytes, dtype);
+        if !v.is_finite() {
+            if !(v.is_infinite() && v == r) {
+                c.nan += 1;
+                c.first_bad.get_or_insert((i, v, r));
+            }
+            continue;
+        }
+        let abs = (v - r).abs();
+        let rel = abs / r.abs().max(f64::MIN_POSITIVE);
+        c.max_abs_err = c.max_abs_err.max(abs);
+        if r.abs() > tol.atol {
+            c.max_rel_err = c.max_rel_err.max(rel);
+        }
+        if abs > tol.atol + tol.rtol * r.abs() {
+            c.mismatches += 1;
+            c.first_bad.get_or_insert((i, v, r));
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn rng_is_deterministic_and_spread() {
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut r = Rng::new(7);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let mut r = Rng::new(7);
+        assert_eq!(a, (0..4).map(|_| r.next_u64()).collect::<Vec<_>>());
+        let v = draw(&Init::Normal { mean: 0.0, std: 1.0 }, DType::F32, 20000, 3);
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / v.len() as f64;
+        assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.05, "mean {mean} var {var}");
+        assert_ne!(
+            draw(&Init::default(), DType::F32, 8, 1),
+            draw(&Init::default(), DType::F32, 8, 2)
+        );
+    }
+    #[test]
+    fn poison_is_detected_as_unwritten_and_nan_as_nan() {
+        for dt in [DType::F32, DType::F16, DType::Bf16, DType::F64] {
+            let r = vec![1.0, 2.0, 3.0];
+            let mut out = encode(&r, dt);
+            let s = dt.size();
+            fill_poison(&mut out[..s], dt);
+            out[s..2 * s].copy_from_slice(&encode(&[f64::NAN], dt));
+            let c = check(&out, dt, &r, Tolerance { atol: 1e-3, rtol: 1e-3 });
+            assert_eq!((c.unwritten, c.nan, c.mismatches), (1, 1, 0), "{dt}");
+            assert!(!c.passed());
+            assert!(decode(poison_bytes(dt), dt)[0].is_nan(), "{dt} poison must be a NaN");
+        }
+    }
+    #[test]
+    fn tolerance_is_atol_plus_rtol() {
+        let r = vec![100.0, 0.0];
+        let out = encode(&[100.5, 0.0005], DType::F64);
+        assert!(check(&out, DType::F64, &r, Tolerance { atol: 1e-3, rtol: 1e-2 }).passed());
+        assert!(!check(&out, DType::F64, &r, Tolerance { atol: 1e-3, rtol: 1e-3 }).passed());
+    }
+}

@@ -1,0 +1,537 @@
+//! Kernel tasks: `tasks/<name>/task.toml` and the kernel sources beside it.
+//! The format is described in `docs/task-format.md`.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::expr::{Expr, eval_i64};
+
+/// Element types a tensor may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    Bf16,
+    F64,
+    I32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+            DType::F64 => 8,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+            DType::F64 => "f64",
+            DType::I32 => "i32",
+        }
+    }
+    pub fn parse(s: &str) -> Option<DType> {
+        Some(match s {
+            "f32" => DType::F32,
+            "f16" => DType::F16,
+            "bf16" => DType::Bf16,
+            "f64" => DType::F64,
+            "i32" => DType::I32,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How random inputs are drawn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "dist", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Init {
+    Normal { mean: f64, std: f64 },
+    Uniform { lo: f64, hi: f64 },
+}
+
+impl Default for Init {
+    fn default() -> Self {
+        Init::Normal { mean: 0.0, std: 1.0 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    pub name: String,
+    /// Axis names, integer literals or expressions over the axes.
+    pub shape: Vec<String>,
+    pub dtype: DType,
+    #[serde(default)]
+    pub init: Init,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tolerance {
+    pub atol: f64,
+    pub rtol: f64,
+}
+
+/// A workload: a value for every axis.
+pub type Workload = BTreeMap<String, i64>;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSpec {
+    pub entry: String,
+    #[serde(default = "one3")]
+    pub grid: [String; 3],
+    #[serde(default = "one3")]
+    pub block: [String; 3],
+    /// Dynamic shared (threadgroup) memory bytes, an expression.
+    #[serde(default = "zero")]
+    pub shared: String,
+}
+
+fn one3() -> [String; 3] {
+    ["1".into(), "1".into(), "1".into()]
+}
+fn zero() -> String {
+    "0".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScratchSpec {
+    pub name: String,
+    pub bytes: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tunable {
+    pub name: String,
+    pub values: Vec<i64>,
+    #[serde(default)]
+    pub default: Option<i64>,
+    /// The optimisation pattern this tunable expresses (a `kb/patterns` name).
+    #[serde(default)]
+    pub pattern: Option<String>,
+}
+
+impl Tunable {
+    pub fn default_value(&self) -> i64 {
+        self.default.unwrap_or(self.values[0])
+    }
+    /// A 0/1 tunable tagged with a pattern switches that pattern on or off.
+    pub fn is_pattern_switch(&self) -> bool {
+        self.pattern.is_some() && self.values.len() == 2 && self.values.contains(&0) && self.values.contains(&1)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelSpec {
+    #[serde(default)]
+    pub name: String,
+    pub file: String,
+    #[serde(default)]
+    pub entry: Option<String>,
+    #[serde(default)]
+    pub launches: Vec<LaunchSpec>,
+    #[serde(default)]
+    pub scratch: Vec<ScratchSpec>,
+    #[serde(default)]
+    pub tunables: Vec<Tunable>,
+    #[serde(default)]
+    pub constraints: Vec<String>,
+    #[serde(default)]
+    pub pattern: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    /// Back-end specific options (e.g. MLX template parameters), passed through untouched.
+    #[serde(default)]
+    pub options: BTreeMap<String, toml::Value>,
+    /// The kernel source, read from `file` when the task is loaded.
+    #[serde(skip)]
+    pub source: String,
+}
+
+impl KernelSpec {
+    /// Default value of every tunable.
+    pub fn default_config(&self) -> BTreeMap<String, i64> {
+        self.tunables.iter().map(|t| (t.name.clone(), t.default_value())).collect()
+    }
+
+    /// Does `config` satisfy every constraint for `workload`? Unknown names are an error.
+    pub fn admits(&self, config: &BTreeMap<String, i64>, workload: &Workload) -> Result<bool, String> {
+        let mut env = workload.clone();
+        env.extend(config.iter().map(|(k, v)| (k.clone(), *v)));
+        for c in &self.constraints {
+            if eval_i64(c, &env).map_err(|e| e.to_string())? == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSpec {
+    pub search: Vec<Workload>,
+    #[serde(default)]
+    pub heldout: Vec<Workload>,
+    #[serde(default)]
+    pub dtypes: BTreeMap<String, DType>,
+    pub seed: KernelSpec,
+    #[serde(default)]
+    pub kernels: Vec<KernelSpec>,
+    /// Library calls a candidate for this back-end must not make (checked before compiling).
+    #[serde(default)]
+    pub forbid: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Task {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub reference: String,
+    pub axes: Vec<String>,
+    #[serde(default)]
+    pub flops: Option<String>,
+    #[serde(default)]
+    pub transcendentals: Option<String>,
+    #[serde(default)]
+    pub constants: BTreeMap<String, f64>,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+    pub tolerance: BTreeMap<DType, Tolerance>,
+    pub backends: BTreeMap<String, BackendSpec>,
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}:{line}:{col}: {reason}")]
+    Syntax {
+        path: String,
+        line: usize,
+        col: usize,
+        reason: String,
+    },
+    #[error("{path}:{line}: {reason}")]
+    Invalid { path: String, line: usize, reason: String },
+    #[error("no task named `{name}` under {dir} (known: {known})")]
+    NotFound { name: String, dir: String, known: String },
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, col)
+}
+
+/// The first line mentioning `needle` (for semantic errors that have no span), or 1.
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).map(|i| i + 1).unwrap_or(1)
+}
+
+/// A tensor's resolved shape for a workload.
+pub fn shape_of(t: &TensorSpec, w: &Workload) -> Result<Vec<usize>, String> {
+    t.shape
+        .iter()
+        .map(|d| {
+            eval_i64(d, w)
+                .map_err(|e| format!("shape of `{}`: {e}", t.name))
+                .and_then(|v| usize::try_from(v).map_err(|_| format!("shape of `{}`: negative size {v}", t.name)))
+        })
+        .collect()
+}
+
+impl Task {
+    /// Load and validate `path` (a `task.toml`), reading every kernel source beside it.
+    pub fn load(path: &Path) -> Result<Task, TaskError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| TaskError::Io {
+            path: p.clone(),
+            source: e,
+        })?;
+        let mut task: Task = toml::from_str(&text).map_err(|e| {
+            let (line, col) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
+            TaskError::Syntax {
+                path: p.clone(),
+                line,
+                col,
+                reason: e.message().trim().to_string(),
+            }
+        })?;
+        task.dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        task.validate(&text, &p)?;
+        Ok(task)
+    }
+
+    fn validate(&mut self, text: &str, p: &str) -> Result<(), TaskError> {
+        let inv = |needle: &str, reason: String| TaskError::Invalid {
+            path: p.to_string(),
+            line: line_of(text, needle),
+            reason,
+        };
+        if self.axes.is_empty() {
+            return Err(inv("axes", "a task needs at least one axis".into()));
+        }
+        if crate::reference::lookup(&self.reference).is_none() {
+            return Err(inv(
+                "reference",
+                format!(
+                    "unknown host reference `{}` (known: {})",
+                    self.reference,
+                    crate::reference::names().join(", ")
+                ),
+            ));
+        }
+        if self.outputs.is_empty() {
+            return Err(inv("[[outputs]]", "a task needs at least one output".into()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for t in self.inputs.iter().chain(&self.outputs) {
+            if !seen.insert(t.name.clone()) {
+                return Err(inv(&format!("\"{}\"", t.name), format!("tensor `{}` declared twice", t.name)));
+            }
+            for d in &t.shape {
+                let e = Expr::parse(d).map_err(|e| inv(&format!("\"{}\"", t.name), e.to_string()))?;
+                let mut vars = Vec::new();
+                e.vars(&mut vars);
+                if let Some(v) = vars.iter().find(|v| !self.axes.contains(v)) {
+                    return Err(inv(
+                        &format!("\"{}\"", t.name),
+                        format!("shape of `{}` uses unknown axis `{v}`", t.name),
+                    ));
+                }
+            }
+            if let Init::Uniform { lo, hi } = t.init
+                && lo >= hi
+            {
+                return Err(inv(
+                    &format!("\"{}\"", t.name),
+                    format!("`{}`: uniform init needs lo < hi", t.name),
+                ));
+            }
+        }
+        if self.backends.is_empty() {
+            return Err(inv("[backends", "a task needs at least one [backends.<name>] section".into()));
+        }
+        let axes = self.axes.clone();
+        let names: Vec<String> = self.inputs.iter().chain(&self.outputs).map(|t| t.name.clone()).collect();
+        let outputs = self.outputs.clone();
+        let tolerance = self.tolerance.clone();
+        let dir = self.dir.clone();
+        for (bname, b) in self.backends.iter_mut() {
+            let sect = format!("[backends.{bname}");
+            if b.search.is_empty() {
+                return Err(inv(&sect, format!("backends.{bname}: no search workloads")));
+            }
+            for (kind, list) in [("search", &b.search), ("heldout", &b.heldout)] {
+                for (i, w) in list.iter().enumerate() {
+                    for a in &axes {
+                        if !w.contains_key(a) {
+                            return Err(inv(
+                                &sect,
+                                format!("backends.{bname}.{kind}[{i}] gives no value for axis `{a}`"),
+                            ));
+                        }
+                    }
+                    if let Some(k) = w.keys().find(|k| !axes.contains(k)) {
+                        return Err(inv(&sect, format!("backends.{bname}.{kind}[{i}] names unknown axis `{k}`")));
+                    }
+                }
+            }
+            for n in b.dtypes.keys() {
+                if !names.contains(n) {
+                    return Err(inv(&sect, format!("backends.{bname}.dtypes names unknown tensor `{n}`")));
+                }
+            }
+            for o in &outputs {
+                let dt = b.dtypes.get(&o.name).copied().unwrap_or(o.dtype);
+                if !tolerance.contains_key(&dt) {
+                    return Err(inv(
+                        "[tolerance]",
+                        format!("no tolerance for dtype {dt} (output `{}` on {bname})", o.name),
+                    ));
+                }
+            }
+            b.seed.name = "seed".into();
+            let kernels = std::iter::once(&mut b.seed).chain(b.kernels.iter_mut());
+            for k in kernels {
+                let at = format!("\"{}\"", k.file);
+                if k.name.is_empty() {
+                    return Err(inv(&at, format!("backends.{bname}: a kernel has no name")));
+                }
+                if k.launches.is_empty() {
+                    match &k.entry {
+                        Some(e) => k.launches.push(LaunchSpec {
+                            entry: e.clone(),
+                            grid: one3(),
+                            block: one3(),
+                            shared: zero(),
+                        }),
+                        None => return Err(inv(&at, format!("kernel `{}` needs `entry` or [[launches]]", k.name))),
+                    }
+                }
+                let src = dir.join(&k.file);
+                k.source = std::fs::read_to_string(&src)
+                    .map_err(|e| inv(&at, format!("kernel `{}`: cannot read {}: {e}", k.name, src.display())))?;
+                let mut tn = std::collections::BTreeSet::new();
+                for t in &k.tunables {
+                    if t.values.is_empty() {
+                        return Err(inv(&format!("\"{}\"", t.name), format!("tunable `{}` has no values", t.name)));
+                    }
+                    if let Some(d) = t.default
+                        && !t.values.contains(&d)
+                    {
+                        return Err(inv(
+                            &format!("\"{}\"", t.name),
+                            format!("tunable `{}`: default {d} is not among its values", t.name),
+                        ));
+                    }
+                    if !tn.insert(t.name.clone()) || axes.contains(&t.name) {
+                        return Err(inv(
+                            &format!("\"{}\"", t.name),
+                            format!("tunable `{}` clashes with another name", t.name),
+                        ));
+                    }
+                }
+                // Every expression must parse and refer only to axes and tunables.
+                let mut exprs: Vec<&String> = k.constraints.iter().collect();
+                for l in &k.launches {
+                    exprs.extend(l.grid.iter().chain(l.block.iter()).chain(std::iter::once(&l.shared)));
+                }
+                exprs.extend(k.scratch.iter().map(|s| &s.bytes));
+                for e in exprs {
+                    let parsed = Expr::parse(e).map_err(|err| inv(&at, format!("kernel `{}`: {err}", k.name)))?;
+                    let mut vars = Vec::new();
+                    parsed.vars(&mut vars);
+                    if let Some(v) = vars.iter().find(|v| !axes.contains(v) && !tn.contains(*v)) {
+                        return Err(inv(
+                            &at,
+                            format!("kernel `{}`: expression `{e}` uses unknown name `{v}`", k.name),
+                        ));
+                    }
+                }
+            }
+        }
+        for f in self.flops.iter().chain(self.transcendentals.iter()) {
+            Expr::parse(f).map_err(|e| inv(f, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    pub fn backend(&self, name: &str) -> Option<&BackendSpec> {
+        self.backends.get(name)
+    }
+
+    /// The dtype of tensor `name` on back-end `backend` (override or declared).
+    pub fn dtype_on(&self, backend: &str, t: &TensorSpec) -> DType {
+        self.backends
+            .get(backend)
+            .and_then(|b| b.dtypes.get(&t.name).copied())
+            .unwrap_or(t.dtype)
+    }
+
+    /// Bytes every evaluation must move at least once (inputs read, outputs written).
+    pub fn min_bytes(&self, backend: &str, w: &Workload) -> Result<f64, String> {
+        let mut total = 0.0;
+        for t in self.inputs.iter().chain(&self.outputs) {
+            let n: usize = shape_of(t, w)?.iter().product();
+            total += (n * self.dtype_on(backend, t).size()) as f64;
+        }
+        Ok(total)
+    }
+
+    pub fn flops(&self, w: &Workload) -> f64 {
+        self.flops
+            .as_deref()
+            .and_then(|f| crate::expr::eval_f64(f, w).ok())
+            .unwrap_or(0.0)
+    }
+
+    pub fn transcendentals(&self, w: &Workload) -> f64 {
+        self.transcendentals
+            .as_deref()
+            .and_then(|f| crate::expr::eval_f64(f, w).ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Every kernel of a back-end, seed first.
+    pub fn kernels(&self, backend: &str) -> Vec<&KernelSpec> {
+        match self.backends.get(backend) {
+            Some(b) => std::iter::once(&b.seed).chain(b.kernels.iter()).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    pub fn kernel(&self, backend: &str, name: &str) -> Option<&KernelSpec> {
+        self.kernels(backend).into_iter().find(|k| k.name == name)
+    }
+}
+
+/// Every task under `dir` (each `dir/<name>/task.toml`), sorted by name. Broken tasks are errors.
+pub fn load_all(dir: &Path) -> Result<Vec<Task>, TaskError> {
+    let rd = std::fs::read_dir(dir).map_err(|e| TaskError::Io {
+        path: dir.display().to_string(),
+        source: e,
+    })?;
+    let mut paths: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("task.toml"))
+        .filter(|p| p.is_file())
+        .collect();
+    paths.sort();
+    paths.iter().map(|p| Task::load(p)).collect()
+}
+
+/// Find a task by name under `dir`, or by a direct path to a `task.toml` or its folder.
+pub fn find(dir: &Path, name: &str) -> Result<Task, TaskError> {
+    let direct = Path::new(name);
+    if direct.is_file() {
+        return Task::load(direct);
+    }
+    if direct.join("task.toml").is_file() && (name.contains('/') || name.starts_with('.')) {
+        return Task::load(&direct.join("task.toml"));
+    }
+    let p = dir.join(name).join("task.toml");
+    if p.is_file() {
+        return Task::load(&p);
+    }
+    let known = std::fs::read_dir(dir)
+        .map(|rd| {
+            let mut v: Vec<String> = rd
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().join("task.toml").is_file())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v.join(", ")
+        })
+        .unwrap_or_default();
+    Err(TaskError::NotFound {
+        name: name.into(),
+        dir: dir.display().to_string(),
+        known,
+    })
+}
