@@ -1,1 +1,23 @@
-//! placeholder
+//! ksearch-eval: running candidates. The worker protocol (JSON lines, see `docs/protocol.md`),
+//! the worker loop, the supervisor that spawns workers with time and memory limits, and the
+//! back-ends (`cpu`, `cuda`; `mlx` lives in `python/ksearch_mlx`).
+
+pub mod common;
+pub mod cpu;
+pub mod supervisor;
+pub mod worker;
+
+pub use supervisor::{Limits, Pool, Supervisor, WorkerSpec};
+
+use ksearch_core::protocol::{EvalReply, EvalRequest};
+
+/// A back-end evaluates candidates inside a worker process. It may crash or hang on a bad
+/// candidate: the supervisor, in another process, deals with that.
+pub trait Backend {
+    fn name(&self) -> &str;
+    /// Human-readable device name (used to detect the hardware profile).
+    fn device(&self) -> String;
+    /// Compile, check and time. `progress` reports stages ("compiled", "workload 1/3") so the
+    /// supervisor can apply the right time-out.
+    fn eval(&mut self, req: &EvalRequest, progress: &mut dyn FnMut(&str)) -> EvalReply;
+}

@@ -1,0 +1,366 @@
+//! The supervisor: spawns a worker process, sends it one request at a time, enforces a
+//! wall-clock time-out per stage and a memory limit, and turns a dead or hung worker into a
+//! classified failure. The search process never runs candidate code.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ksearch_core::protocol::{EvalReply, EvalRequest, FailureClass, Reply, Request};
+
+/// How to start a worker.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// From request to "compiled".
+    pub compile_timeout: Duration,
+    /// Between two progress events once compiled (one workload).
+    pub run_timeout: Duration,
+    /// Resident memory the worker may reach.
+    pub mem_limit_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            compile_timeout: Duration::from_secs(120),
+            run_timeout: Duration::from_secs(60),
+            mem_limit_bytes: 8 << 30,
+        }
+    }
+}
+
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+pub struct Supervisor {
+    spec: WorkerSpec,
+    limits: Limits,
+    worker: Option<Running>,
+    /// Workers started so far (1 + restarts).
+    pub starts: u32,
+    pub device: String,
+    pub backend: String,
+}
+
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        15 => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+impl Supervisor {
+    pub fn new(spec: WorkerSpec, limits: Limits) -> Supervisor {
+        Supervisor {
+            spec,
+            limits,
+            worker: None,
+            starts: 0,
+            device: String::new(),
+            backend: String::new(),
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let mut cmd = Command::new(&self.spec.program);
+        cmd.args(&self.spec.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &self.spec.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start worker {}: {e}", self.spec.program.display()))?;
+        let stdin = child.stdin.take().ok_or("worker has no stdin")?;
+        let stdout = child.stdout.take().ok_or("worker has no stdout")?;
+        let stderr = child.stderr.take().ok_or("worker has no stderr")?;
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(l).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        });
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut v) = log2.lock() {
+                    v.push(line);
+                    if v.len() > 200 {
+                        v.drain(..100);
+                    }
+                }
+            }
+        });
+        self.starts += 1;
+        let mut w = Running {
+            child,
+            stdin,
+            lines: rx,
+            stderr: log,
+        };
+        // The worker greets first.
+        let deadline = Instant::now() + self.limits.compile_timeout;
+        loop {
+            match w.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(l) => {
+                    if let Ok(Reply::Hello { backend, device, .. }) = serde_json::from_str::<Reply>(&l) {
+                        self.backend = backend;
+                        self.device = device;
+                        break;
+                    }
+                }
+                Err(_) => {
+                    let _ = w.child.kill();
+                    let _ = w.child.wait();
+                    let err = w.stderr.lock().map(|v| v.join("\n")).unwrap_or_default();
+                    return Err(format!("worker did not start: {}", last_lines(&err, 5)));
+                }
+            }
+        }
+        self.worker = Some(w);
+        Ok(())
+    }
+
+    /// Start the worker if needed and return its device description.
+    pub fn start(&mut self) -> Result<String, String> {
+        if self.worker.is_none() {
+            self.spawn()?;
+        }
+        Ok(self.device.clone())
+    }
+
+    fn kill(&mut self) -> Option<std::process::ExitStatus> {
+        let mut w = self.worker.take()?;
+        let _ = w.child.kill();
+        w.child.wait().ok()
+    }
+
+    fn stderr_tail(&self) -> String {
+        self.worker
+            .as_ref()
+            .and_then(|w| w.stderr.lock().ok().map(|v| last_lines(&v.join("\n"), 8)))
+            .unwrap_or_default()
+    }
+
+    /// Evaluate one request. Never panics and never returns without a reply: a worker that
+    /// dies, hangs or grows past the memory limit yields a classified failure, and the next
+    /// call starts a fresh worker.
+    pub fn eval(&mut self, req: &EvalRequest) -> EvalReply {
+        if let Err(e) = self.start() {
+            return EvalReply::failed(req.id, FailureClass::Infra, e);
+        }
+        let line = match serde_json::to_string(&Request::Eval(Box::new(req.clone()))) {
+            Ok(l) => l,
+            Err(e) => return EvalReply::failed(req.id, FailureClass::Infra, format!("cannot encode request: {e}")),
+        };
+        let w = self.worker.as_mut().expect("started above");
+        if writeln!(w.stdin, "{line}").and_then(|_| w.stdin.flush()).is_err() {
+            let st = self.kill();
+            return EvalReply::failed(
+                req.id,
+                FailureClass::Infra,
+                format!("worker exited before the request ({st:?})"),
+            );
+        }
+        let pid = w.child.id();
+        let mut deadline = Instant::now() + self.limits.compile_timeout;
+        let mut stage = "compile".to_string();
+        let mut peak_rss = 0u64;
+        loop {
+            let w = self.worker.as_mut().expect("worker present while waiting");
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(20));
+            match w.lines.recv_timeout(wait) {
+                Ok(l) => match serde_json::from_str::<Reply>(&l) {
+                    Ok(Reply::Eval(r)) if r.id == req.id => return *r,
+                    Ok(Reply::Progress { id, stage: s }) if id == req.id => {
+                        stage = s;
+                        deadline = Instant::now() + self.limits.run_timeout;
+                    }
+                    Ok(Reply::Error { message }) => {
+                        return EvalReply::failed(req.id, FailureClass::Infra, format!("worker refused the request: {message}"));
+                    }
+                    _ => {}
+                },
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some(rss) = rss_bytes(pid) {
+                        peak_rss = peak_rss.max(rss);
+                        if rss > self.limits.mem_limit_bytes {
+                            self.kill();
+                            return EvalReply::failed(
+                                req.id,
+                                FailureClass::OutOfMemory,
+                                format!(
+                                    "worker memory reached {} MiB (limit {} MiB) during {stage}; worker killed",
+                                    rss >> 20,
+                                    self.limits.mem_limit_bytes >> 20
+                                ),
+                            );
+                        }
+                    }
+                    if Instant::now() >= deadline {
+                        let limit = if stage == "compile" {
+                            self.limits.compile_timeout
+                        } else {
+                            self.limits.run_timeout
+                        };
+                        self.kill();
+                        let what = if stage == "compile" {
+                            "compiling".to_string()
+                        } else {
+                            format!("running (after {stage})")
+                        };
+                        return EvalReply::failed(
+                            req.id,
+                            FailureClass::Timeout,
+                            format!("no answer within {:.1} s while {what}; worker killed", limit.as_secs_f64()),
+                        );
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Give the stderr reader a moment to drain the last lines.
+                    std::thread::sleep(Duration::from_millis(50));
+                    let tail = self.stderr_tail();
+                    let st = self.kill();
+                    let near_limit = peak_rss as f64 > 0.8 * self.limits.mem_limit_bytes as f64;
+                    use std::os::unix::process::ExitStatusExt;
+                    let (class, why) = match st.and_then(|s| s.signal()) {
+                        Some(sig) if near_limit => (
+                            FailureClass::OutOfMemory,
+                            format!("killed by {} near the memory limit", signal_name(sig)),
+                        ),
+                        Some(sig) => (
+                            FailureClass::Crash,
+                            format!("worker killed by {} ({sig}) during {stage}", signal_name(sig)),
+                        ),
+                        None => {
+                            let code = st.and_then(|s| s.code()).unwrap_or(-1);
+                            let lower = tail.to_lowercase();
+                            if lower.contains("out of memory") || lower.contains("bad_alloc") {
+                                (
+                                    FailureClass::OutOfMemory,
+                                    format!("worker ran out of memory during {stage} (exit {code})"),
+                                )
+                            } else {
+                                (FailureClass::Crash, format!("worker exited with code {code} during {stage}"))
+                            }
+                        }
+                    };
+                    let msg = if tail.is_empty() {
+                        why
+                    } else {
+                        format!("{why}; stderr: {tail}")
+                    };
+                    return EvalReply::failed(req.id, class, msg);
+                }
+            }
+        }
+    }
+
+    pub fn shutdown(&mut self) {
+        if let Some(mut w) = self.worker.take() {
+            let _ = writeln!(w.stdin, "{}", serde_json::to_string(&Request::Shutdown).unwrap_or_default());
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = w.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn last_lines(s: &str, n: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(n)..].join(" | ")
+}
+
+/// One supervisor per device; evaluates several requests at once, one per worker.
+pub struct Pool {
+    pub workers: Vec<Supervisor>,
+}
+
+impl Pool {
+    pub fn new(workers: Vec<Supervisor>) -> Pool {
+        Pool { workers }
+    }
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+    /// Evaluate `reqs` (at most one per worker at a time), replies in request order.
+    pub fn eval_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
+        let mut out: Vec<Option<EvalReply>> = vec![None; reqs.len()];
+        for (chunk_i, chunk) in reqs.chunks(self.workers.len().max(1)).enumerate() {
+            let base = chunk_i * self.workers.len().max(1);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = self
+                    .workers
+                    .iter_mut()
+                    .zip(chunk)
+                    .map(|(w, r)| s.spawn(move || w.eval(r)))
+                    .collect();
+                for (i, h) in handles.into_iter().enumerate() {
+                    out[base + i] =
+                        Some(h.join().unwrap_or_else(|_| {
+                            EvalReply::failed(chunk[i].id, FailureClass::Infra, "supervisor thread panicked")
+                        }));
+                }
+            });
+        }
+        out.into_iter().map(|r| r.unwrap_or_default()).collect()
+    }
+}
