@@ -1,1 +1,854 @@
-//! placeholder
+//! ksearch-store: the world model on disk. One SQLite file (WAL, synchronous=FULL) holding
+//! runs, the tree's nodes, candidates, evaluations per workload, LLM calls and artifacts.
+//! Every write is its own committed transaction (or part of one the caller opens), so a
+//! `kill -9` between two steps loses nothing that was reported.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use ksearch_core::protocol::{Candidate, EvalReply, FailureClass};
+use ksearch_core::tree::{Action, Assessment, Impact, Node, NodeStatus};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {path}: {source}")]
+    Open { path: String, source: rusqlite::Error },
+    #[error("store: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("store: bad stored JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("no run {0} in the store")]
+    NoRun(i64),
+    #[error("store {path} has schema version {found}, newer than this ksearch ({known})")]
+    TooNew { path: String, found: i64, known: i64 },
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// Versioned migrations: entry `i` brings the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: runs, nodes, candidates, evaluations, artifacts
+    r#"
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        task TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        planner TEXT NOT NULL,
+        status TEXT NOT NULL,
+        round INTEGER NOT NULL DEFAULT 0,
+        seed INTEGER NOT NULL,
+        device TEXT NOT NULL DEFAULT '',
+        config TEXT NOT NULL,
+        best_node INTEGER,
+        best_speedup REAL,
+        stop_reason TEXT,
+        report TEXT,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+        updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+    );
+    CREATE TABLE candidates (
+        key TEXT PRIMARY KEY,
+        kernel TEXT NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE TABLE nodes (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        parent_id INTEGER REFERENCES nodes(id),
+        action TEXT NOT NULL,
+        title TEXT NOT NULL,
+        pattern TEXT,
+        status TEXT NOT NULL,
+        candidate TEXT REFERENCES candidates(key),
+        overall REAL NOT NULL,
+        confidence REAL NOT NULL,
+        bw_rating REAL NOT NULL, bw_note TEXT NOT NULL,
+        reg_rating REAL NOT NULL, reg_note TEXT NOT NULL,
+        hw_rating REAL NOT NULL, hw_note TEXT NOT NULL,
+        difficulty INTEGER NOT NULL,
+        prior REAL NOT NULL,
+        visits INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        speedup REAL,
+        time_us REAL,
+        failure TEXT,
+        round_created INTEGER NOT NULL,
+        round_evaluated INTEGER,
+        updated_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+    );
+    CREATE INDEX nodes_run ON nodes(run_id);
+    CREATE TABLE evaluations (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        node_id INTEGER REFERENCES nodes(id),
+        candidate TEXT,
+        round INTEGER NOT NULL,
+        purpose TEXT NOT NULL,
+        ok INTEGER NOT NULL,
+        failure_class TEXT,
+        failure_message TEXT,
+        compile_log TEXT NOT NULL DEFAULT '',
+        compile_cached INTEGER NOT NULL DEFAULT 0,
+        compile_s REAL NOT NULL DEFAULT 0,
+        kernel_s REAL NOT NULL DEFAULT 0,
+        overhead_s REAL NOT NULL DEFAULT 0,
+        wall_s REAL NOT NULL DEFAULT 0,
+        resources TEXT NOT NULL DEFAULT '{}',
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+    );
+    CREATE INDEX evaluations_run ON evaluations(run_id);
+    CREATE TABLE eval_workloads (
+        eval_id INTEGER NOT NULL REFERENCES evaluations(id),
+        idx INTEGER NOT NULL,
+        label TEXT NOT NULL,
+        axes TEXT NOT NULL,
+        seed INTEGER NOT NULL,
+        ok INTEGER NOT NULL,
+        median_us REAL, min_us REAL, spread REAL, reps INTEGER,
+        max_abs_err REAL, max_rel_err REAL,
+        mismatches INTEGER, unwritten INTEGER, nan INTEGER,
+        bytes REAL, flops REAL, floor_us REAL,
+        failure_class TEXT, failure_message TEXT,
+        PRIMARY KEY (eval_id, idx)
+    );
+    CREATE TABLE artifacts (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        node_id INTEGER,
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        content TEXT NOT NULL,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+    );
+    "#,
+    // 2: provenance of every LLM call
+    r#"
+    CREATE TABLE llm_calls (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        node_id INTEGER,
+        round INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        model TEXT NOT NULL,
+        prompt TEXT NOT NULL,
+        reply TEXT,
+        parsed TEXT,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        cost_usd REAL NOT NULL DEFAULT 0,
+        latency_s REAL NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 1,
+        error TEXT,
+        created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+    );
+    CREATE INDEX llm_calls_run ON llm_calls(run_id);
+    "#,
+];
+
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRow {
+    pub id: i64,
+    pub task: String,
+    pub backend: String,
+    pub planner: String,
+    pub status: String,
+    pub round: u32,
+    pub seed: u64,
+    pub device: String,
+    pub config: serde_json::Value,
+    pub best_node: Option<i64>,
+    pub best_speedup: Option<f64>,
+    pub stop_reason: Option<String>,
+    pub report: Option<serde_json::Value>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalRow {
+    pub id: i64,
+    pub node_id: Option<i64>,
+    pub candidate: Option<String>,
+    pub round: u32,
+    pub purpose: String,
+    pub reply: EvalReply,
+    pub wall_s: f64,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlmCallRow {
+    pub id: i64,
+    pub node_id: Option<i64>,
+    pub round: u32,
+    pub role: String,
+    pub model: String,
+    pub prompt: String,
+    pub reply: Option<String>,
+    pub parsed: Option<String>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cost_usd: f64,
+    pub latency_s: f64,
+    pub attempts: u32,
+    pub error: Option<String>,
+    pub created_at: String,
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+fn status_of(s: &str) -> NodeStatus {
+    NodeStatus::parse(s).unwrap_or(NodeStatus::Open)
+}
+
+impl Store {
+    /// Open (creating if needed) and migrate the store at `path`.
+    pub fn open(path: &Path) -> Result<Store> {
+        let p = path.display().to_string();
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
+                path: p.clone(),
+                source: rusqlite::Error::InvalidPath(format!("{}: {e}", dir.display()).into()),
+            })?;
+        }
+        let conn = Connection::open(path).map_err(|e| StoreError::Open {
+            path: p.clone(),
+            source: e,
+        })?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        let mut s = Store { conn };
+        s.migrate(&p)?;
+        Ok(s)
+    }
+
+    pub fn schema_version(&self) -> Result<i64> {
+        Ok(self.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+
+    fn migrate(&mut self, p: &str) -> Result<()> {
+        let v = self.schema_version()?;
+        if v > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                path: p.into(),
+                found: v,
+                known: SCHEMA_VERSION,
+            });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(v as usize) {
+            let tx = self.conn.transaction()?;
+            tx.execute_batch(sql)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Run `f` inside one transaction: all of its writes land together or not at all.
+    pub fn atomic<T>(&mut self, f: impl FnOnce(&Store) -> Result<T>) -> Result<T> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        match f(self) {
+            Ok(v) => {
+                self.conn.execute_batch("COMMIT")?;
+                Ok(v)
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    // ----- runs -----
+
+    pub fn create_run(
+        &self,
+        task: &str,
+        backend: &str,
+        planner: &str,
+        seed: u64,
+        device: &str,
+        config: &serde_json::Value,
+    ) -> Result<i64> {
+        self.conn.execute(
+            "INSERT INTO runs (task, backend, planner, status, seed, device, config) VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6)",
+            params![task, backend, planner, seed as i64, device, config.to_string()],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
+        let cfg: String = r.get(8)?;
+        let report: Option<String> = r.get(12)?;
+        Ok(RunRow {
+            id: r.get(0)?,
+            task: r.get(1)?,
+            backend: r.get(2)?,
+            planner: r.get(3)?,
+            status: r.get(4)?,
+            round: r.get::<_, i64>(5)? as u32,
+            seed: r.get::<_, i64>(6)? as u64,
+            device: r.get(7)?,
+            config: serde_json::from_str(&cfg).unwrap_or(serde_json::Value::Null),
+            best_node: r.get(9)?,
+            best_speedup: r.get(10)?,
+            stop_reason: r.get(11)?,
+            report: report.and_then(|s| serde_json::from_str(&s).ok()),
+            created_at: r.get(13)?,
+            updated_at: r.get(14)?,
+        })
+    }
+
+    const RUN_COLS: &'static str = "id, task, backend, planner, status, round, seed, device, config, best_node, best_speedup, stop_reason, report, created_at, updated_at";
+
+    pub fn run(&self, id: i64) -> Result<RunRow> {
+        self.conn
+            .query_row(
+                &format!("SELECT {} FROM runs WHERE id = ?1", Self::RUN_COLS),
+                [id],
+                Self::run_from_row,
+            )
+            .optional()?
+            .ok_or(StoreError::NoRun(id))
+    }
+
+    pub fn runs(&self) -> Result<Vec<RunRow>> {
+        let mut st = self
+            .conn
+            .prepare(&format!("SELECT {} FROM runs ORDER BY id", Self::RUN_COLS))?;
+        let rows = st.query_map([], Self::run_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    pub fn set_run_round(&self, id: i64, round: u32) -> Result<()> {
+        self.conn.execute(
+            "UPDATE runs SET round = ?2, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ','now') WHERE id = ?1",
+            params![id, round as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_run_status(&self, id: i64, status: &str, stop_reason: Option<&str>) -> Result<()> {
+        self.conn.execute(
+            "UPDATE runs SET status = ?2, stop_reason = ?3, updated_at = strftime('%Y-%m-%dT%H:%M:%fZ','now') WHERE id = ?1",
+            params![id, status, stop_reason],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_run_best(&self, id: i64, node: i64, speedup: f64) -> Result<()> {
+        self.conn.execute(
+            "UPDATE runs SET best_node = ?2, best_speedup = ?3 WHERE id = ?1",
+            params![id, node, speedup],
+        )?;
+        Ok(())
+    }
+
+    pub fn set_run_config(&self, id: i64, config: &serde_json::Value) -> Result<()> {
+        self.conn
+            .execute("UPDATE runs SET config = ?2 WHERE id = ?1", params![id, config.to_string()])?;
+        Ok(())
+    }
+
+    pub fn set_run_device(&self, id: i64, device: &str) -> Result<()> {
+        self.conn
+            .execute("UPDATE runs SET device = ?2 WHERE id = ?1", params![id, device])?;
+        Ok(())
+    }
+
+    pub fn set_run_report(&self, id: i64, report: &serde_json::Value) -> Result<()> {
+        self.conn
+            .execute("UPDATE runs SET report = ?2 WHERE id = ?1", params![id, report.to_string()])?;
+        Ok(())
+    }
+
+    // ----- candidates -----
+
+    pub fn put_candidate(&self, kernel: &str, c: &Candidate) -> Result<String> {
+        let key = c.key();
+        self.conn.execute(
+            "INSERT OR IGNORE INTO candidates (key, kernel, body) VALUES (?1, ?2, ?3)",
+            params![key, kernel, serde_json::to_string(c)?],
+        )?;
+        Ok(key)
+    }
+
+    pub fn candidate(&self, key: &str) -> Result<Option<(String, Candidate)>> {
+        let row: Option<(String, String)> = self
+            .conn
+            .query_row("SELECT kernel, body FROM candidates WHERE key = ?1", [key], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        match row {
+            Some((k, b)) => Ok(Some((k, serde_json::from_str(&b)?))),
+            None => Ok(None),
+        }
+    }
+
+    // ----- nodes -----
+
+    pub fn insert_node(&self, run: i64, n: &Node) -> Result<i64> {
+        let a = &n.assessment;
+        self.conn.execute(
+            "INSERT INTO nodes (run_id, parent_id, action, title, pattern, status, candidate, overall, confidence,
+                bw_rating, bw_note, reg_rating, reg_note, hw_rating, hw_note, difficulty, prior, visits, failures, attempts,
+                speedup, time_us, failure, round_created, round_evaluated)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
+            params![
+                run,
+                n.parent,
+                serde_json::to_string(&n.action)?,
+                n.action.summary(),
+                n.pattern,
+                n.status.name(),
+                n.candidate,
+                a.overall,
+                a.confidence,
+                a.bandwidth.rating,
+                a.bandwidth.note,
+                a.registers.rating,
+                a.registers.note,
+                a.hw_fit.rating,
+                a.hw_fit.note,
+                a.difficulty as i64,
+                a.prior,
+                n.visits as i64,
+                n.failures as i64,
+                n.attempts as i64,
+                n.speedup,
+                n.time_us,
+                n.failure.map(|f| f.name()),
+                n.round_created as i64,
+                n.round_evaluated.map(|r| r as i64),
+            ],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    pub fn update_node(&self, n: &Node) -> Result<()> {
+        let a = &n.assessment;
+        self.conn.execute(
+            "UPDATE nodes SET status = ?2, candidate = ?3, overall = ?4, confidence = ?5, bw_rating = ?6, bw_note = ?7,
+                reg_rating = ?8, reg_note = ?9, hw_rating = ?10, hw_note = ?11, difficulty = ?12, prior = ?13, visits = ?14,
+                failures = ?15, attempts = ?16, speedup = ?17, time_us = ?18, failure = ?19, round_evaluated = ?20,
+                action = ?21, title = ?22, pattern = ?23,
+                updated_at = strftime('%Y-%m-%dT%H:%M:%fZ','now')
+             WHERE id = ?1",
+            params![
+                n.id,
+                n.status.name(),
+                n.candidate,
+                a.overall,
+                a.confidence,
+                a.bandwidth.rating,
+                a.bandwidth.note,
+                a.registers.rating,
+                a.registers.note,
+                a.hw_fit.rating,
+                a.hw_fit.note,
+                a.difficulty as i64,
+                a.prior,
+                n.visits as i64,
+                n.failures as i64,
+                n.attempts as i64,
+                n.speedup,
+                n.time_us,
+                n.failure.map(|f| f.name()),
+                n.round_evaluated.map(|r| r as i64),
+                serde_json::to_string(&n.action)?,
+                n.action.summary(),
+                n.pattern,
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn nodes(&self, run: i64) -> Result<Vec<Node>> {
+        let mut st = self.conn.prepare(
+            "SELECT id, parent_id, action, pattern, status, candidate, overall, confidence, bw_rating, bw_note,
+                reg_rating, reg_note, hw_rating, hw_note, difficulty, prior, visits, failures, attempts, speedup, time_us,
+                failure, round_created, round_evaluated
+             FROM nodes WHERE run_id = ?1 ORDER BY id",
+        )?;
+        let rows = st.query_map([run], |r| {
+            let action: String = r.get(2)?;
+            let status: String = r.get(4)?;
+            let failure: Option<String> = r.get(21)?;
+            Ok(Node {
+                id: r.get(0)?,
+                parent: r.get(1)?,
+                action: serde_json::from_str(&action).unwrap_or(Action::Edit {
+                    description: action.clone(),
+                }),
+                pattern: r.get(3)?,
+                status: status_of(&status),
+                candidate: r.get(5)?,
+                assessment: Assessment {
+                    overall: r.get(6)?,
+                    confidence: r.get(7)?,
+                    bandwidth: Impact {
+                        rating: r.get(8)?,
+                        note: r.get(9)?,
+                    },
+                    registers: Impact {
+                        rating: r.get(10)?,
+                        note: r.get(11)?,
+                    },
+                    hw_fit: Impact {
+                        rating: r.get(12)?,
+                        note: r.get(13)?,
+                    },
+                    difficulty: r.get::<_, i64>(14)? as u8,
+                    prior: r.get(15)?,
+                },
+                visits: r.get::<_, i64>(16)? as u32,
+                failures: r.get::<_, i64>(17)? as u32,
+                attempts: r.get::<_, i64>(18)? as u32,
+                speedup: r.get(19)?,
+                time_us: r.get(20)?,
+                failure: failure.and_then(|f| FailureClass::parse(&f)),
+                round_created: r.get::<_, i64>(22)? as u32,
+                round_evaluated: r.get::<_, Option<i64>>(23)?.map(|v| v as u32),
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
+    // ----- evaluations -----
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_evaluation(
+        &self,
+        run: i64,
+        node: Option<i64>,
+        candidate: Option<&str>,
+        round: u32,
+        purpose: &str,
+        reply: &EvalReply,
+        wall_s: f64,
+    ) -> Result<i64> {
+        let f = reply.failure.as_ref();
+        self.conn.execute(
+            "INSERT INTO evaluations (run_id, node_id, candidate, round, purpose, ok, failure_class, failure_message, compile_log,
+                compile_cached, compile_s, kernel_s, overhead_s, wall_s, resources)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            params![
+                run,
+                node,
+                candidate,
+                round as i64,
+                purpose,
+                reply.ok() as i64,
+                f.map(|f| f.class.name()),
+                f.map(|f| f.message.as_str()),
+                reply.compile.log,
+                reply.compile.cached as i64,
+                reply.compile.seconds,
+                reply.kernel_s,
+                reply.overhead_s,
+                wall_s,
+                serde_json::to_string(&reply.resources)?,
+            ],
+        )?;
+        let id = self.conn.last_insert_rowid();
+        for (i, w) in reply.workloads.iter().enumerate() {
+            let t = w.timing.as_ref();
+            let wf = w.failure.as_ref();
+            self.conn.execute(
+                "INSERT INTO eval_workloads (eval_id, idx, label, axes, seed, ok, median_us, min_us, spread, reps, max_abs_err,
+                    max_rel_err, mismatches, unwritten, nan, bytes, flops, floor_us, failure_class, failure_message)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+                params![
+                    id,
+                    i as i64,
+                    w.label,
+                    serde_json::to_string(&w.axes)?,
+                    w.seed as i64,
+                    (wf.is_none() && w.check.passed()) as i64,
+                    t.map(|t| t.median_us),
+                    t.map(|t| t.min_us),
+                    t.map(|t| t.spread),
+                    t.map(|t| t.reps as i64),
+                    w.check.max_abs_err,
+                    w.check.max_rel_err,
+                    w.check.mismatches as i64,
+                    w.check.unwritten as i64,
+                    w.check.nan as i64,
+                    w.bytes,
+                    w.flops,
+                    w.floor_us,
+                    wf.map(|f| f.class.name()),
+                    wf.map(|f| f.message.as_str()),
+                ],
+            )?;
+        }
+        Ok(id)
+    }
+
+    pub fn evaluations(&self, run: i64, node: Option<i64>) -> Result<Vec<EvalRow>> {
+        let mut st = self.conn.prepare(
+            "SELECT id, node_id, candidate, round, purpose, failure_class, failure_message, compile_log, compile_cached,
+                compile_s, kernel_s, overhead_s, wall_s, resources, created_at
+             FROM evaluations WHERE run_id = ?1 AND (?2 IS NULL OR node_id = ?2) ORDER BY id",
+        )?;
+        let heads = st
+            .query_map(params![run, node], |r| {
+                let fc: Option<String> = r.get(5)?;
+                let fm: Option<String> = r.get(6)?;
+                let res: String = r.get(13)?;
+                let reply = EvalReply {
+                    id: r.get::<_, i64>(0)? as u64,
+                    compile: ksearch_core::protocol::CompileInfo {
+                        log: r.get(7)?,
+                        cached: r.get::<_, i64>(8)? != 0,
+                        seconds: r.get(9)?,
+                    },
+                    resources: serde_json::from_str(&res).unwrap_or_default(),
+                    workloads: Vec::new(),
+                    failure: fc.map(|c| ksearch_core::protocol::Failure {
+                        class: FailureClass::parse(&c).unwrap_or(FailureClass::Infra),
+                        message: fm.unwrap_or_default(),
+                    }),
+                    kernel_s: r.get(10)?,
+                    overhead_s: r.get(11)?,
+                };
+                Ok(EvalRow {
+                    id: r.get(0)?,
+                    node_id: r.get(1)?,
+                    candidate: r.get(2)?,
+                    round: r.get::<_, i64>(3)? as u32,
+                    purpose: r.get(4)?,
+                    reply,
+                    wall_s: r.get(12)?,
+                    created_at: r.get(14)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut out = Vec::with_capacity(heads.len());
+        let mut wst = self.conn.prepare(
+            "SELECT label, axes, seed, median_us, min_us, spread, reps, max_abs_err, max_rel_err, mismatches, unwritten, nan,
+                bytes, flops, floor_us, failure_class, failure_message
+             FROM eval_workloads WHERE eval_id = ?1 ORDER BY idx",
+        )?;
+        for mut h in heads {
+            let ws = wst
+                .query_map([h.id], |r| {
+                    let axes: String = r.get(1)?;
+                    let median: Option<f64> = r.get(3)?;
+                    let fc: Option<String> = r.get(15)?;
+                    Ok(ksearch_core::protocol::WorkloadResult {
+                        label: r.get(0)?,
+                        axes: serde_json::from_str(&axes).unwrap_or_default(),
+                        seed: r.get::<_, i64>(2)? as u64,
+                        check: ksearch_core::data::Check {
+                            elements: 0,
+                            mismatches: r.get::<_, Option<i64>>(9)?.unwrap_or(0) as usize,
+                            unwritten: r.get::<_, Option<i64>>(10)?.unwrap_or(0) as usize,
+                            nan: r.get::<_, Option<i64>>(11)?.unwrap_or(0) as usize,
+                            max_abs_err: r.get::<_, Option<f64>>(7)?.unwrap_or(0.0),
+                            max_rel_err: r.get::<_, Option<f64>>(8)?.unwrap_or(0.0),
+                            first_bad: None,
+                        },
+                        timing: match median {
+                            Some(m) => Some(ksearch_core::protocol::Timing {
+                                median_us: m,
+                                min_us: r.get::<_, Option<f64>>(4)?.unwrap_or(m),
+                                spread: r.get::<_, Option<f64>>(5)?.unwrap_or(0.0),
+                                reps: r.get::<_, Option<i64>>(6)?.unwrap_or(0) as u32,
+                            }),
+                            None => None,
+                        },
+                        bytes: r.get::<_, Option<f64>>(12)?.unwrap_or(0.0),
+                        flops: r.get::<_, Option<f64>>(13)?.unwrap_or(0.0),
+                        floor_us: r.get(14)?,
+                        failure: fc.map(|c| ksearch_core::protocol::Failure {
+                            class: FailureClass::parse(&c).unwrap_or(FailureClass::Infra),
+                            message: r.get::<_, Option<String>>(16).ok().flatten().unwrap_or_default(),
+                        }),
+                    })
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            h.reply.workloads = ws;
+            out.push(h);
+        }
+        Ok(out)
+    }
+
+    pub fn count_evaluations(&self, run: i64) -> Result<u64> {
+        Ok(self
+            .conn
+            .query_row("SELECT COUNT(*) FROM evaluations WHERE run_id = ?1", [run], |r| {
+                r.get::<_, i64>(0)
+            })? as u64)
+    }
+
+    // ----- artifacts -----
+
+    pub fn put_artifact(&self, run: i64, node: Option<i64>, kind: &str, name: &str, content: &str) -> Result<i64> {
+        self.conn.execute(
+            "INSERT INTO artifacts (run_id, node_id, kind, name, content) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![run, node, kind, name, content],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    pub fn artifacts(&self, run: i64, kind: &str) -> Result<Vec<(Option<i64>, String, String)>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT node_id, name, content FROM artifacts WHERE run_id = ?1 AND kind = ?2 ORDER BY id")?;
+        let rows = st.query_map(params![run, kind], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+
+    // ----- LLM calls -----
+
+    pub fn insert_llm_call(&self, run: i64, c: &LlmCallRow) -> Result<i64> {
+        self.conn.execute(
+            "INSERT INTO llm_calls (run_id, node_id, round, role, model, prompt, reply, parsed, prompt_tokens, completion_tokens,
+                cost_usd, latency_s, attempts, error)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+            params![
+                run,
+                c.node_id,
+                c.round as i64,
+                c.role,
+                c.model,
+                c.prompt,
+                c.reply,
+                c.parsed,
+                c.prompt_tokens as i64,
+                c.completion_tokens as i64,
+                c.cost_usd,
+                c.latency_s,
+                c.attempts as i64,
+                c.error,
+            ],
+        )?;
+        Ok(self.conn.last_insert_rowid())
+    }
+
+    pub fn llm_calls(&self, run: i64, node: Option<i64>) -> Result<Vec<LlmCallRow>> {
+        let mut st = self.conn.prepare(
+            "SELECT id, node_id, round, role, model, prompt, reply, parsed, prompt_tokens, completion_tokens, cost_usd,
+                latency_s, attempts, error, created_at
+             FROM llm_calls WHERE run_id = ?1 AND (?2 IS NULL OR node_id = ?2) ORDER BY id",
+        )?;
+        let rows = st.query_map(params![run, node], |r| {
+            Ok(LlmCallRow {
+                id: r.get(0)?,
+                node_id: r.get(1)?,
+                round: r.get::<_, i64>(2)? as u32,
+                role: r.get(3)?,
+                model: r.get(4)?,
+                prompt: r.get(5)?,
+                reply: r.get(6)?,
+                parsed: r.get(7)?,
+                prompt_tokens: r.get::<_, i64>(8)? as u64,
+                completion_tokens: r.get::<_, i64>(9)? as u64,
+                cost_usd: r.get(10)?,
+                latency_s: r.get(11)?,
+                attempts: r.get::<_, i64>(12)? as u32,
+                error: r.get(13)?,
+                created_at: r.get(14)?,
+            })
+        })?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ksearch_core::protocol::{Failure, Lang, WorkloadResult};
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn round_trip_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let run;
+        let nid;
+        {
+            let s = Store::open(&path).unwrap();
+            assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
+            run = s
+                .create_run("softmax", "cpu", "offline", 7, "dev", &serde_json::json!({"rounds": 3}))
+                .unwrap();
+            let mut n = Node::new(0, None, Action::Seed, None, Assessment::default(), 0);
+            nid = s.insert_node(run, &n).unwrap();
+            n.id = nid;
+            n.status = NodeStatus::Solved;
+            n.speedup = Some(1.0);
+            s.update_node(&n).unwrap();
+            let c = Candidate {
+                lang: Lang::Cpp,
+                source: "x".into(),
+                launches: vec![],
+                scratch: vec![],
+                defines: BTreeMap::new(),
+                options: BTreeMap::new(),
+            };
+            let key = s.put_candidate("seed", &c).unwrap();
+            assert_eq!(s.put_candidate("seed", &c).unwrap(), key);
+            let mut reply = EvalReply::failed(1, FailureClass::Wrong, "bad");
+            reply.workloads.push(WorkloadResult {
+                label: "a=1".into(),
+                failure: Some(Failure {
+                    class: FailureClass::Nan,
+                    message: "nan".into(),
+                }),
+                ..Default::default()
+            });
+            s.insert_evaluation(run, Some(nid), Some(&key), 1, "search", &reply, 0.5)
+                .unwrap();
+            s.set_run_round(run, 4).unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        let r = s.run(run).unwrap();
+        assert_eq!((r.round, r.seed, r.task.as_str()), (4, 7, "softmax"));
+        let nodes = s.nodes(run).unwrap();
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].status, NodeStatus::Solved);
+        let ev = s.evaluations(run, Some(nid)).unwrap();
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].reply.failure.as_ref().unwrap().class, FailureClass::Wrong);
+        assert_eq!(ev[0].reply.workloads[0].failure.as_ref().unwrap().class, FailureClass::Nan);
+        assert!(matches!(s.run(999), Err(StoreError::NoRun(999))));
+    }
+
+    #[test]
+    fn atomic_rolls_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Store::open(&dir.path().join("s.db")).unwrap();
+        let run = s.create_run("t", "cpu", "offline", 1, "", &serde_json::json!({})).unwrap();
+        let r: Result<()> = s.atomic(|s| {
+            s.set_run_round(run, 9)?;
+            Err(StoreError::NoRun(0))
+        });
+        assert!(r.is_err());
+        assert_eq!(s.run(run).unwrap().round, 0);
+    }
+
+    #[test]
+    fn refuses_newer_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.db");
+        {
+            let c = Connection::open(&p).unwrap();
+            c.pragma_update(None, "user_version", 99).unwrap();
+        }
+        assert!(matches!(Store::open(&p), Err(StoreError::TooNew { .. })));
+    }
+}
