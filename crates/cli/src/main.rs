@@ -1,1 +1,207 @@
-fn main() {}
+//! `ksearch`: LLM-guided, world-model kernel search.
+//!
+//! Exit codes: 0 ok, 1 the search found nothing valid (or a checked kernel failed),
+//! 2 usage or input error.
+
+mod commands;
+mod config;
+mod driver;
+mod planner;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "ksearch",
+    version,
+    about = "Search for fast, correct kernels: plan, write, compile, check, time, remember."
+)]
+struct Cli {
+    /// Configuration file (default: ./ksearch.toml if present).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// The store (SQLite). Default: .ksearch/store.db
+    #[arg(long, global = true)]
+    store: Option<PathBuf>,
+    /// Folder holding the tasks. Default: ./tasks, or the one next to the executable.
+    #[arg(long, global = true)]
+    tasks_dir: Option<PathBuf>,
+    /// Folder holding the knowledge base. Default: ./kb, or the one next to the executable.
+    #[arg(long, global = true)]
+    kb_dir: Option<PathBuf>,
+    /// Print less.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args, Clone, Default)]
+pub struct RunFlags {
+    /// auto (CUDA if a GPU is present, else CPU), cpu or cuda.
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Planner: offline (knowledge base and tunables) or llm.
+    #[arg(long)]
+    pub planner: Option<String>,
+    /// Total rounds for the run (one modification each).
+    #[arg(long)]
+    pub rounds: Option<u32>,
+    /// Wall-clock budget for this invocation, e.g. 90s, 5m.
+    #[arg(long)]
+    pub time_budget: Option<String>,
+    /// Stop after this many rounds without a new best.
+    #[arg(long)]
+    pub patience: Option<u32>,
+    /// Seed for the run's random inputs.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Translation-layer context for LLM prompts: none, generic or full.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Devices to use (CUDA), e.g. 0,1. Default: every device found.
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Option<Vec<usize>>,
+    /// Time-out for compiling one candidate, e.g. 120s.
+    #[arg(long)]
+    pub compile_timeout: Option<String>,
+    /// Time-out for running one workload, e.g. 30s.
+    #[arg(long)]
+    pub run_timeout: Option<String>,
+    /// Memory limit of a worker, e.g. 4GiB.
+    #[arg(long)]
+    pub mem_limit: Option<String>,
+    /// Timed repetitions at most per workload.
+    #[arg(long)]
+    pub max_reps: Option<u32>,
+    /// LLM: model for both roles (or see --planner-model / --coder-model).
+    #[arg(long)]
+    pub model: Option<String>,
+    #[arg(long)]
+    pub planner_model: Option<String>,
+    #[arg(long)]
+    pub coder_model: Option<String>,
+    /// LLM: base URL of an OpenAI-compatible API.
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// LLM: stop when this much money (USD) has been spent.
+    #[arg(long)]
+    pub max_cost: Option<f64>,
+    /// LLM: stop after this many calls.
+    #[arg(long)]
+    pub max_llm_calls: Option<u32>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Search for a faster kernel for TASK.
+    Run {
+        task: String,
+        #[command(flatten)]
+        flags: RunFlags,
+    },
+    /// Continue an interrupted run where it stopped.
+    Resume {
+        run: i64,
+        #[command(flatten)]
+        flags: RunFlags,
+    },
+    /// List the runs in the store.
+    Runs,
+    /// Show a run's search tree with ratings and speed-ups.
+    Tree {
+        run: i64,
+        /// Show open (untried) nodes too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show (or write) the best kernel of a run and its figures.
+    Best {
+        run: i64,
+        /// Write the kernel source (with its defines) to this file.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Evaluate one kernel file against the task's seed.
+    Bench {
+        task: String,
+        kernel: PathBuf,
+        #[arg(long)]
+        backend: Option<String>,
+        /// Use the launches and options of this task kernel (default: a single launch `--entry`).
+        #[arg(long)]
+        like: Option<String>,
+        /// Entry point (default: the seed's).
+        #[arg(long)]
+        entry: Option<String>,
+        /// Compile-time defines NAME=VALUE.
+        #[arg(long = "define", short = 'D')]
+        defines: Vec<String>,
+        /// Also validate on the held-out workloads.
+        #[arg(long)]
+        heldout: bool,
+    },
+    /// List the tasks.
+    Tasks,
+    /// Show the LLM calls of a run.
+    Log {
+        run: i64,
+        #[arg(long)]
+        node: Option<i64>,
+        /// Print whole prompts and replies.
+        #[arg(long)]
+        full: bool,
+    },
+    /// Serve evaluation requests on stdin/stdout (started by the supervisor).
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        backend: String,
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        #[arg(long)]
+        cache: Option<PathBuf>,
+    },
+}
+
+pub struct Global {
+    pub config: Option<PathBuf>,
+    pub store: Option<PathBuf>,
+    pub tasks_dir: Option<PathBuf>,
+    pub kb_dir: Option<PathBuf>,
+    pub quiet: bool,
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+                _ => 2,
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    let g = Global {
+        config: cli.config,
+        store: cli.store,
+        tasks_dir: cli.tasks_dir,
+        kb_dir: cli.kb_dir,
+        quiet: cli.quiet,
+    };
+    let code = match commands::dispatch(&g, cli.cmd) {
+        Ok(c) => c,
+        Err(e) => {
+            let mut msg = format!("error: {e}");
+            for cause in e.chain().skip(1) {
+                msg.push_str(&format!(": {cause}"));
+            }
+            eprintln!("{msg}");
+            2
+        }
+    };
+    std::process::exit(code);
+}

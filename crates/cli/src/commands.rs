@@ -1,0 +1,767 @@
+//! The subcommands.
+
+use anyhow::{Context, Result, bail};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ksearch_core::protocol::{Candidate, Lang, TimingReq};
+use ksearch_core::task::{self, Task};
+use ksearch_core::tree::{NodeStatus, Tree};
+use ksearch_store::Store;
+
+use crate::config::{self, FileConfig, locate_dir, parse_bytes, parse_duration};
+use crate::driver::{Report, RunConfig, Search, make_pool};
+use crate::planner::{Offline, Planner};
+use crate::{Cmd, Global, RunFlags};
+
+pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
+    match cmd {
+        Cmd::Worker { backend, device, cache } => worker(&backend, device, cache),
+        Cmd::Tasks => tasks(g),
+        Cmd::Run { task, flags } => run(g, &task, &flags),
+        Cmd::Resume { run, flags } => resume(g, run, &flags),
+        Cmd::Runs => runs(g),
+        Cmd::Tree { run, all } => tree(g, run, all),
+        Cmd::Best { run, output } => best(g, run, output.as_deref()),
+        Cmd::Bench {
+            task,
+            kernel,
+            backend,
+            like,
+            entry,
+            defines,
+            heldout,
+        } => bench(
+            g,
+            &task,
+            &kernel,
+            backend.as_deref(),
+            like.as_deref(),
+            entry.as_deref(),
+            &defines,
+            heldout,
+        ),
+        Cmd::Log { run, node, full } => log(g, run, node, full),
+    }
+}
+
+fn file_config(g: &Global) -> Result<FileConfig> {
+    config::load(g.config.as_deref())
+}
+
+fn store_path(g: &Global, fc: &FileConfig) -> PathBuf {
+    g.store
+        .clone()
+        .or_else(|| fc.run.store.clone())
+        .unwrap_or_else(|| PathBuf::from(".ksearch/store.db"))
+}
+
+fn open_store(g: &Global, fc: &FileConfig) -> Result<Store> {
+    Ok(Store::open(&store_path(g, fc))?)
+}
+
+fn tasks_dir(g: &Global, fc: &FileConfig) -> Result<PathBuf> {
+    locate_dir(g.tasks_dir.as_deref().or(fc.run.tasks_dir.as_deref()), "tasks")
+        .context("no tasks folder found (give --tasks-dir or run from the repository)")
+}
+
+fn kb_dir(g: &Global, fc: &FileConfig) -> Option<PathBuf> {
+    locate_dir(g.kb_dir.as_deref().or(fc.run.kb_dir.as_deref()), "kb")
+}
+
+fn load_kb(dir: Option<&Path>) -> Option<ksearch_kb::Kb> {
+    let d = dir?;
+    match ksearch_kb::Kb::load(d) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            eprintln!("warning: knowledge base not loaded: {e}");
+            None
+        }
+    }
+}
+
+fn worker(backend: &str, device: usize, cache: Option<PathBuf>) -> Result<i32> {
+    let cache = cache.unwrap_or_else(|| PathBuf::from(".ksearch/cache").join(backend));
+    match backend {
+        "cpu" => {
+            let mut b = ksearch_eval::cpu::CpuBackend::new(cache);
+            Ok(ksearch_eval::worker::serve(&mut b))
+        }
+        "cuda" => cuda_worker(device, cache),
+        other => bail!("unknown back-end `{other}` (known: cpu, cuda)"),
+    }
+}
+
+#[allow(unreachable_code, unused_variables)]
+fn cuda_worker(device: usize, cache: PathBuf) -> Result<i32> {
+    bail!("the cuda back-end is not built into this ksearch")
+}
+
+fn cuda_available() -> bool {
+    false
+}
+
+fn tasks(g: &Global) -> Result<i32> {
+    let fc = file_config(g)?;
+    let dir = tasks_dir(g, &fc)?;
+    let all = task::load_all(&dir)?;
+    for t in all {
+        let backs: Vec<String> = t
+            .backends
+            .iter()
+            .map(|(n, b)| {
+                format!(
+                    "{n} ({} kernels, {}+{} workloads)",
+                    1 + b.kernels.len(),
+                    b.search.len(),
+                    b.heldout.len()
+                )
+            })
+            .collect();
+        println!("{:<12} {}  [{}]", t.name, t.description, backs.join(", "));
+    }
+    Ok(0)
+}
+
+fn resolve_backend(requested: &str, task: &Task) -> Result<String> {
+    let b = match requested {
+        "auto" => {
+            if cuda_available() && task.backend("cuda").is_some() {
+                "cuda".to_string()
+            } else {
+                "cpu".to_string()
+            }
+        }
+        "cpu" | "cuda" => requested.to_string(),
+        other => bail!("unknown back-end `{other}` (use auto, cpu or cuda)"),
+    };
+    if task.backend(&b).is_none() {
+        let have: Vec<&String> = task.backends.keys().collect();
+        bail!("task {} has no kernels for the {b} back-end (it has: {have:?})", task.name);
+    }
+    Ok(b)
+}
+
+fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Option<RunConfig>) -> Result<RunConfig> {
+    let r = &fc.run;
+    let e = &fc.eval;
+    let mut cfg = match prev {
+        Some(p) => p,
+        None => {
+            let backend = resolve_backend(f.backend.as_deref().unwrap_or(&r.backend), task)?;
+            RunConfig {
+                task: task.name.clone(),
+                task_path: task.dir.join("task.toml"),
+                backend,
+                planner: r.planner.clone(),
+                rounds: r.rounds,
+                patience: r.patience,
+                seed: r.seed,
+                context: r.context.clone(),
+                workers: r.workers,
+                devices: vec![],
+                compile_timeout_s: parse_duration(&e.compile_timeout)?.as_secs_f64(),
+                run_timeout_s: parse_duration(&e.run_timeout)?.as_secs_f64(),
+                mem_limit_bytes: parse_bytes(&e.mem_limit)?,
+                timing: TimingReq {
+                    warmup: e.warmup,
+                    min_reps: e.min_reps,
+                    max_reps: e.max_reps,
+                    target_ms: e.target_ms,
+                    flush: e.flush,
+                },
+                kb_dir: kb_dir(g, fc),
+                cache_dir: PathBuf::from(".ksearch/cache"),
+                llm: fc.llm.as_ref().map(|t| serde_json::to_value(t)).transpose()?,
+            }
+        }
+    };
+    if let Some(p) = &f.planner {
+        cfg.planner = p.clone();
+    }
+    if let Some(v) = f.rounds {
+        cfg.rounds = v;
+    }
+    if let Some(v) = f.patience {
+        cfg.patience = v;
+    }
+    if let Some(v) = f.seed {
+        cfg.seed = v;
+    }
+    if let Some(v) = &f.context {
+        if !["none", "generic", "full"].contains(&v.as_str()) {
+            bail!("--context must be none, generic or full (got `{v}`)");
+        }
+        cfg.context = v.clone();
+    }
+    if let Some(v) = &f.devices {
+        cfg.devices = v.clone();
+    }
+    if let Some(v) = &f.compile_timeout {
+        cfg.compile_timeout_s = parse_duration(v)?.as_secs_f64();
+    }
+    if let Some(v) = &f.run_timeout {
+        cfg.run_timeout_s = parse_duration(v)?.as_secs_f64();
+    }
+    if let Some(v) = &f.mem_limit {
+        cfg.mem_limit_bytes = parse_bytes(v)?;
+    }
+    if let Some(v) = f.max_reps {
+        cfg.timing.max_reps = v.max(1);
+        cfg.timing.min_reps = cfg.timing.min_reps.min(cfg.timing.max_reps);
+    }
+    if !["offline", "llm"].contains(&cfg.planner.as_str()) {
+        bail!("unknown planner `{}` (use offline or llm)", cfg.planner);
+    }
+    Ok(cfg)
+}
+
+fn make_planner(cfg: &RunConfig, _f: &RunFlags) -> Result<Box<dyn Planner>> {
+    match cfg.planner.as_str() {
+        "offline" => Ok(Box::new(Offline::default())),
+        other => bail!("the {other} planner is not available in this build"),
+    }
+}
+
+fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
+    let fc = file_config(g)?;
+    let dir = tasks_dir(g, &fc)?;
+    let task = task::find(&dir, task_name)?;
+    let cfg = build_config(g, &fc, &task, f, None)?;
+    let budget = f
+        .time_budget
+        .as_deref()
+        .or(fc.run.time_budget.as_deref())
+        .map(parse_duration)
+        .transpose()?;
+    let store = open_store(g, &fc)?;
+    let run_id = store.create_run(
+        &task.name,
+        &cfg.backend,
+        &cfg.planner,
+        cfg.seed,
+        "",
+        &serde_json::to_value(&cfg)?,
+    )?;
+    let mut s = new_search(store, run_id, cfg.clone(), task, f, g.quiet)?;
+    if !g.quiet {
+        eprintln!(
+            "run {run_id}: {} on {} ({}), planner {}, {} rounds",
+            s.task.name,
+            cfg.backend,
+            s.pool.workers.first().map(|w| w.device.as_str()).unwrap_or(""),
+            cfg.planner,
+            cfg.rounds
+        );
+    }
+    s.start()?;
+    drive(&mut s, budget)
+}
+
+fn new_search(store: Store, run_id: i64, cfg: RunConfig, task: Task, f: &RunFlags, quiet: bool) -> Result<Search> {
+    let mut pool = make_pool(&cfg)?;
+    let mut device = String::new();
+    for w in pool.workers.iter_mut() {
+        device = w.start().map_err(|e| anyhow::anyhow!("{} worker: {e}", cfg.backend))?;
+    }
+    let kb = load_kb(cfg.kb_dir.as_deref());
+    let profile = kb.as_ref().map(|k| {
+        let (p, warn) = k.detect(&cfg.backend, &device);
+        if let Some(w) = warn
+            && !quiet
+        {
+            eprintln!("warning: {w}");
+        }
+        p.name.clone()
+    });
+    let planner = make_planner(&cfg, f)?;
+    Ok(Search {
+        store,
+        run_id,
+        cfg,
+        task,
+        tree: Tree::default(),
+        pool,
+        kb,
+        profile,
+        planner,
+        round: 0,
+        seed_times: vec![],
+        evals: 0,
+        rounds_since_best: 0,
+        started: Instant::now(),
+        quiet,
+    })
+}
+
+fn drive(s: &mut Search, budget: Option<Duration>) -> Result<i32> {
+    let pb = if s.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(s.cfg.rounds as u64)
+    };
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} round {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    pb.set_position(s.round as u64);
+    let t0 = Instant::now();
+    let evals0 = s.store.count_evaluations(s.run_id)?;
+    let reason = loop {
+        if s.round >= s.cfg.rounds {
+            break "round budget reached".to_string();
+        }
+        if let Some(b) = budget
+            && s.started.elapsed() >= b
+        {
+            break format!("time budget {} reached", humantime::format_duration(b));
+        }
+        if s.rounds_since_best >= s.cfg.patience {
+            break format!("plateau: no new best in {} rounds", s.cfg.patience);
+        }
+        if !s.step()? {
+            break "no open actions left".to_string();
+        }
+        let evals = s.store.count_evaluations(s.run_id)?.saturating_sub(evals0);
+        let per_min = evals as f64 / t0.elapsed().as_secs_f64().max(1e-3) * 60.0;
+        let best = s.tree.best().and_then(|b| b.speedup).unwrap_or(1.0);
+        pb.set_position(s.round as u64);
+        pb.set_message(format!("best {best:.2}x | {per_min:.1} evals/min"));
+    };
+    pb.finish_and_clear();
+    if !s.quiet {
+        eprintln!("stopping: {reason}; re-timing the best against the seed and validating on held-out workloads");
+    }
+    let report = s.finish(&reason)?;
+    print_report(&report);
+    let ok = report.speedup.is_some() && report.heldout.as_ref().map(|h| h.passed).unwrap_or(false);
+    Ok(if ok { 0 } else { 1 })
+}
+
+fn print_report(r: &Report) {
+    println!("run {} · {} on {} · {}", r.run, r.task, r.backend, r.device);
+    println!(
+        "{} rounds, {} evaluations, stopped: {}",
+        r.rounds, r.evaluations, r.stop_reason
+    );
+    match (r.best_node, r.speedup) {
+        (Some(n), Some(sp)) => {
+            println!("best: node {n} ({})", r.best_action.clone().unwrap_or_default());
+            println!(
+                "speed-up over the naive seed: {sp:.2}x (re-timed back to back, geometric mean over {} search workloads)",
+                r.workloads.len()
+            );
+            for ((w, s), b) in r.workloads.iter().zip(&r.seed_us).zip(&r.best_us) {
+                println!("  {w:<40} seed {s:>10.1} us   best {b:>10.1} us   {:.2}x", s / b);
+            }
+            if let Some(h) = &r.heldout {
+                if h.passed {
+                    match h.speedup {
+                        Some(hs) => println!("held-out validation: passed on {} workloads ({hs:.2}x)", h.workloads.len()),
+                        None => println!("held-out validation: passed ({})", h.message.clone().unwrap_or_default()),
+                    }
+                } else {
+                    println!("held-out validation: FAILED: {}", h.message.clone().unwrap_or_default());
+                }
+            }
+        }
+        _ => println!("no candidate beat the seed with a valid result"),
+    }
+}
+
+fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
+    let fc = file_config(g)?;
+    let store = open_store(g, &fc)?;
+    let row = store.run(run_id)?;
+    if row.status.starts_with("done") {
+        if let Some(rep) = row.report.clone().and_then(|v| serde_json::from_value::<Report>(v).ok()) {
+            eprintln!("run {run_id} already finished");
+            print_report(&rep);
+            return Ok(if rep.speedup.is_some() { 0 } else { 1 });
+        }
+    }
+    let prev: RunConfig = serde_json::from_value(row.config.clone()).context("the run's stored configuration is unreadable")?;
+    let task = Task::load(&prev.task_path).or_else(|_| {
+        let dir = tasks_dir(g, &fc)?;
+        task::find(&dir, &prev.task).map_err(anyhow::Error::from)
+    })?;
+    let cfg = build_config(g, &fc, &task, f, Some(prev))?;
+    store.set_run_config(run_id, &serde_json::to_value(&cfg)?)?;
+    store.set_run_status(run_id, "running", None)?;
+    let budget = f
+        .time_budget
+        .as_deref()
+        .or(fc.run.time_budget.as_deref())
+        .map(parse_duration)
+        .transpose()?;
+    let mut s = new_search(store, run_id, cfg, task, f, g.quiet)?;
+    let mut nodes = s.store.nodes(run_id)?;
+    // A node left running by a killed process is tried again.
+    for n in nodes.iter_mut().filter(|n| n.status == NodeStatus::Running) {
+        n.status = NodeStatus::Open;
+        s.store.update_node(n)?;
+    }
+    s.tree = Tree::from_nodes(nodes);
+    s.round = row.round;
+    s.evals = s.store.count_evaluations(run_id)? + 1000;
+    let root = s.tree.root().cloned().context("run has no seed node")?;
+    if root.status != NodeStatus::Solved {
+        // Killed before the seed was measured: start over within the same run.
+        s.store.set_run_round(run_id, 0)?;
+        bail!("run {run_id} never measured its seed; start a new run");
+    }
+    let seed_eval = s
+        .store
+        .evaluations(run_id, Some(root.id))?
+        .into_iter()
+        .find(|e| e.purpose == "seed")
+        .context("the seed's evaluation is missing")?;
+    s.seed_times = seed_eval
+        .reply
+        .workloads
+        .iter()
+        .filter_map(|w| w.timing.as_ref().map(|t| t.median_us))
+        .collect();
+    // Rounds since the best, from the tree.
+    let best_round = s.tree.best().and_then(|b| b.round_evaluated).unwrap_or(0);
+    s.rounds_since_best = s.round.saturating_sub(best_round);
+    if s.tree.nodes.len() == 1 {
+        let props = s.planner.init(&crate::planner::Ctx {
+            task: &s.task,
+            backend: &s.cfg.backend,
+            kb: s.kb.as_ref(),
+            tree: &s.tree,
+            round: s.round,
+            run_id,
+        })?;
+        for p in props {
+            let mut n = ksearch_core::tree::Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, s.round);
+            n.id = s.store.insert_node(run_id, &n)?;
+            s.tree.nodes.insert(n.id, n);
+        }
+    }
+    if !g.quiet {
+        let evals = s.store.count_evaluations(run_id)?;
+        eprintln!(
+            "resuming run {run_id} at round {} ({} nodes, {evals} evaluations kept)",
+            s.round,
+            s.tree.nodes.len()
+        );
+    }
+    drive(&mut s, budget)
+}
+
+fn runs(g: &Global) -> Result<i32> {
+    let fc = file_config(g)?;
+    let store = open_store(g, &fc)?;
+    let rows = store.runs()?;
+    if rows.is_empty() {
+        println!("no runs yet (try: ksearch run softmax)");
+    }
+    for r in rows {
+        let evals = store.count_evaluations(r.id)?;
+        println!(
+            "{:>4}  {:<12} {:<5} {:<8} {:<15} round {:>3}  {:>4} evals  best {}  {}",
+            r.id,
+            r.task,
+            r.backend,
+            r.planner,
+            r.status,
+            r.round,
+            evals,
+            r.best_speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into()),
+            r.created_at
+        );
+    }
+    Ok(0)
+}
+
+pub fn render_tree(t: &Tree, all: bool) -> String {
+    let mut out = String::new();
+    fn walk(t: &Tree, id: i64, prefix: &str, last: bool, root: bool, all: bool, out: &mut String) {
+        let Some(n) = t.get(id) else { return };
+        let a = &n.assessment;
+        let speed = match (n.status, n.speedup) {
+            (NodeStatus::Solved, Some(s)) => format!("{s:.2}x"),
+            (NodeStatus::Failed, _) => format!("FAILED {}", n.failure.map(|f| f.name()).unwrap_or("")),
+            (s, _) => s.name().to_string(),
+        };
+        let branch = if root {
+            ""
+        } else if last {
+            "└─ "
+        } else {
+            "├─ "
+        };
+        out.push_str(&format!(
+            "{prefix}{branch}#{} {}  {}  rating {:.1} conf {:.2} | bw {:.1} reg {:.1} hw {:.1} | diff {} prior {:.2} visits {}\n",
+            n.id,
+            n.action.summary(),
+            speed,
+            a.overall,
+            a.confidence,
+            a.bandwidth.rating,
+            a.registers.rating,
+            a.hw_fit.rating,
+            a.difficulty,
+            a.prior,
+            n.visits
+        ));
+        let kids: Vec<i64> = t
+            .children(id)
+            .into_iter()
+            .filter(|c| all || c.status != NodeStatus::Open)
+            .map(|c| c.id)
+            .collect();
+        let hidden = t.children(id).len() - kids.len();
+        let child_prefix = if root {
+            prefix.to_string()
+        } else {
+            format!("{prefix}{}", if last { "   " } else { "│  " })
+        };
+        for (i, c) in kids.iter().enumerate() {
+            walk(t, *c, &child_prefix, i + 1 == kids.len() && hidden == 0, false, all, out);
+        }
+        if hidden > 0 {
+            out.push_str(&format!("{child_prefix}└─ … {hidden} open\n"));
+        }
+    }
+    if let Some(r) = t.root() {
+        walk(t, r.id, "", true, true, all, &mut out);
+    }
+    out
+}
+
+fn tree(g: &Global, run_id: i64, all: bool) -> Result<i32> {
+    let fc = file_config(g)?;
+    let store = open_store(g, &fc)?;
+    let row = store.run(run_id)?;
+    let t = Tree::from_nodes(store.nodes(run_id)?);
+    println!(
+        "run {} · {} on {} · {} · round {}",
+        row.id, row.task, row.backend, row.status, row.round
+    );
+    print!("{}", render_tree(&t, all));
+    Ok(0)
+}
+
+/// Kernel source with its defines written in front, so it compiles on its own.
+pub fn standalone_source(c: &Candidate) -> String {
+    let mut s = String::new();
+    for (k, v) in &c.defines {
+        s.push_str(&format!("#define {k} {v}\n"));
+    }
+    s.push_str(&c.source);
+    s
+}
+
+fn best(g: &Global, run_id: i64, output: Option<&Path>) -> Result<i32> {
+    let fc = file_config(g)?;
+    let store = open_store(g, &fc)?;
+    let row = store.run(run_id)?;
+    let t = Tree::from_nodes(store.nodes(run_id)?);
+    let report: Option<Report> = row.report.clone().and_then(|v| serde_json::from_value(v).ok());
+    let node_id = report
+        .as_ref()
+        .and_then(|r| r.best_node)
+        .or_else(|| t.best().filter(|b| b.parent.is_some()).map(|b| b.id));
+    let Some(node) = node_id.and_then(|id| t.get(id)) else {
+        println!("run {run_id} has no candidate faster than the seed");
+        return Ok(1);
+    };
+    let key = node.candidate.clone().context("best node has no candidate")?;
+    let (kernel, cand) = store.candidate(&key)?.context("candidate missing")?;
+    println!(
+        "run {run_id} · best node {} · kernel {kernel} · {}",
+        node.id,
+        node.action.summary()
+    );
+    if let Some(r) = &report {
+        if let Some(sp) = r.speedup {
+            println!("speed-up over the seed (final re-timing): {sp:.2}x");
+        }
+        if let Some(h) = &r.heldout {
+            println!("held-out: {}", if h.passed { "passed" } else { "FAILED" });
+        }
+    } else if let Some(sp) = node.speedup {
+        println!("speed-up over the seed (search): {sp:.2}x (run not finished)");
+    }
+    for l in &cand.launches {
+        println!(
+            "launch {}: grid [{}] block [{}] shared {}",
+            l.entry,
+            l.grid.join(", "),
+            l.block.join(", "),
+            l.shared
+        );
+    }
+    let src = standalone_source(&cand);
+    match output {
+        Some(p) => {
+            std::fs::write(p, &src).with_context(|| format!("cannot write {}", p.display()))?;
+            println!("written to {}", p.display());
+        }
+        None => println!("\n{src}"),
+    }
+    Ok(0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench(
+    g: &Global,
+    task_name: &str,
+    kernel: &Path,
+    backend: Option<&str>,
+    like: Option<&str>,
+    entry: Option<&str>,
+    defines: &[String],
+    heldout: bool,
+) -> Result<i32> {
+    let fc = file_config(g)?;
+    let dir = tasks_dir(g, &fc)?;
+    let task = task::find(&dir, task_name)?;
+    let flags = RunFlags {
+        backend: backend.map(String::from),
+        ..RunFlags::default()
+    };
+    let mut cfg = build_config(g, &fc, &task, &flags, None)?;
+    cfg.cache_dir = PathBuf::from(".ksearch/cache");
+    let source = std::fs::read_to_string(kernel).with_context(|| format!("cannot read {}", kernel.display()))?;
+    let mut defs = BTreeMap::new();
+    for d in defines {
+        let (k, v) = d
+            .split_once('=')
+            .with_context(|| format!("--define wants NAME=VALUE, got `{d}`"))?;
+        let v: i64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("--define {k}: `{v}` is not an integer"))?;
+        defs.insert(k.trim().to_string(), v);
+    }
+    let seed_k = task.kernel(&cfg.backend, "seed").context("task has no seed")?.clone();
+    let base = match like {
+        Some(n) => task
+            .kernel(&cfg.backend, n)
+            .with_context(|| format!("no kernel `{n}` in task {}", task.name))?
+            .clone(),
+        None => seed_k.clone(),
+    };
+    let mut launches = base.launches.clone();
+    if let Some(e) = entry {
+        for l in launches.iter_mut() {
+            l.entry = e.to_string();
+        }
+    }
+    if like.is_some() {
+        for (k, v) in base.default_config() {
+            defs.entry(k).or_insert(v);
+        }
+    }
+    let cand = Candidate {
+        lang: Lang::for_backend(&cfg.backend),
+        source,
+        launches,
+        scratch: base.scratch.clone(),
+        defines: defs,
+        options: Default::default(),
+    };
+    let seed_cand = crate::planner::instantiate(&cfg.backend, &seed_k, &BTreeMap::new());
+    let mut store = Store::open(Path::new(":memory:"))?;
+    let _ = &mut store;
+    let run_id = store.create_run(&task.name, &cfg.backend, "bench", cfg.seed, "", &serde_json::json!({}))?;
+    let mut s = new_search(store, run_id, cfg.clone(), task, &flags, true)?;
+    let mut rows = Vec::new();
+    for (which, list_heldout) in [(false, false), (true, true)] {
+        if which && !heldout {
+            continue;
+        }
+        let (rs, _) = s.evaluate_pub(&seed_cand, list_heldout);
+        let (rc, _) = s.evaluate_pub(&cand, list_heldout);
+        rows.push((list_heldout, rs, rc));
+    }
+    println!(
+        "{} on {} ({})",
+        s.task.name,
+        s.cfg.backend,
+        s.pool.workers.first().map(|w| w.device.as_str()).unwrap_or("")
+    );
+    let mut ok = true;
+    for (h, rs, rc) in &rows {
+        if let Some(f) = crate::driver::failure_of(rc) {
+            println!(
+                "kernel FAILED ({}){}: {}",
+                f.class,
+                if *h { " on held-out workloads" } else { "" },
+                f.message
+            );
+            if !rc.compile.log.trim().is_empty() && f.class == ksearch_core::FailureClass::Compile {
+                println!("{}", rc.compile.log);
+            }
+            ok = false;
+            continue;
+        }
+        for (ws, wc) in rs.workloads.iter().zip(&rc.workloads) {
+            let (Some(a), Some(b)) = (ws.timing.as_ref(), wc.timing.as_ref()) else {
+                continue;
+            };
+            println!(
+                "  {}{:<40} seed {:>10.1} us   kernel {:>10.1} us (min {:.1}, spread {:.0}%)   {:.2}x   max err {:.2e}",
+                if *h { "[held-out] " } else { "" },
+                wc.label,
+                a.median_us,
+                b.median_us,
+                b.min_us,
+                b.spread * 100.0,
+                a.median_us / b.median_us,
+                wc.check.max_abs_err
+            );
+        }
+    }
+    Ok(if ok { 0 } else { 1 })
+}
+
+fn log(g: &Global, run_id: i64, node: Option<i64>, full: bool) -> Result<i32> {
+    let fc = file_config(g)?;
+    let store = open_store(g, &fc)?;
+    store.run(run_id)?;
+    let calls = store.llm_calls(run_id, node)?;
+    if calls.is_empty() {
+        println!(
+            "run {run_id} has no LLM calls{}",
+            node.map(|n| format!(" for node {n}")).unwrap_or_default()
+        );
+        return Ok(0);
+    }
+    let cut = |s: &str, n: usize| {
+        if full || s.len() <= n {
+            s.to_string()
+        } else {
+            format!("{}… [{} chars]", &s[..s.floor_char_boundary(n)], s.len())
+        }
+    };
+    for c in calls {
+        println!(
+            "#{} round {} node {} · {} · {} · {}+{} tokens · ${:.4} · {:.1}s · {} attempt(s){}",
+            c.id,
+            c.round,
+            c.node_id.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+            c.role,
+            c.model,
+            c.prompt_tokens,
+            c.completion_tokens,
+            c.cost_usd,
+            c.latency_s,
+            c.attempts,
+            c.error.as_ref().map(|e| format!(" · ERROR: {e}")).unwrap_or_default()
+        );
+        println!("  prompt: {}", cut(&c.prompt, 300).replace('\n', "\n  "));
+        if let Some(r) = &c.reply {
+            println!("  reply:  {}", cut(r, 300).replace('\n', "\n  "));
+        }
+        if let Some(p) = &c.parsed {
+            println!("  parsed: {}", cut(p, 300));
+        }
+    }
+    Ok(0)
+}

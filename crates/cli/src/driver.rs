@@ -1,0 +1,741 @@
+//! The search driver: one run = one tree in the store. Each round selects an open node,
+//! has the planner write its candidate, checks it statically, evaluates it in a worker,
+//! records everything in one transaction, and lets the planner revise the tree. At the end
+//! the best candidates are re-timed against the seed and validated on held-out workloads.
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ksearch_core::protocol::{Candidate, EvalReply, EvalRequest, Failure, FailureClass, TimingReq, WorkloadReq, workload_label};
+use ksearch_core::task::{Task, Workload};
+use ksearch_core::tree::{Action, Assessment, Node, NodeStatus, Tree};
+use ksearch_eval::{Limits, Pool, Supervisor, WorkerSpec};
+use ksearch_store::Store;
+
+use crate::planner::{Ctx, Outcome, Planner, Proposal, TreeEdit, validate_edit};
+
+/// Everything a run needs, persisted as the run's config so `resume` continues alike.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunConfig {
+    pub task: String,
+    pub task_path: PathBuf,
+    pub backend: String,
+    pub planner: String,
+    pub rounds: u32,
+    pub patience: u32,
+    pub seed: u64,
+    pub context: String,
+    pub workers: u32,
+    pub devices: Vec<usize>,
+    pub compile_timeout_s: f64,
+    pub run_timeout_s: f64,
+    pub mem_limit_bytes: u64,
+    pub timing: TimingReq,
+    pub kb_dir: Option<PathBuf>,
+    pub cache_dir: PathBuf,
+    /// LLM settings (no secrets: only the name of the key's environment variable).
+    #[serde(default)]
+    pub llm: Option<serde_json::Value>,
+}
+
+pub struct Options {
+    pub time_budget: Option<Duration>,
+    pub quiet: bool,
+}
+
+pub fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Workers for `cfg`: one per device (CUDA) or one (CPU).
+pub fn make_pool(cfg: &RunConfig) -> Result<Pool> {
+    let exe = std::env::current_exe().context("cannot find the ksearch executable")?;
+    let limits = Limits {
+        compile_timeout: Duration::from_secs_f64(cfg.compile_timeout_s),
+        run_timeout: Duration::from_secs_f64(cfg.run_timeout_s),
+        mem_limit_bytes: cfg.mem_limit_bytes,
+    };
+    let devices: Vec<usize> = if cfg.devices.is_empty() {
+        vec![0]
+    } else {
+        cfg.devices.clone()
+    };
+    let mut workers = Vec::new();
+    for d in devices {
+        let mut args = vec![
+            "worker".to_string(),
+            "--backend".into(),
+            cfg.backend.clone(),
+            "--cache".into(),
+        ];
+        args.push(cfg.cache_dir.join(&cfg.backend).display().to_string());
+        if cfg.backend != "cpu" {
+            args.push("--device".into());
+            args.push(d.to_string());
+        }
+        let mut env = Vec::new();
+        if cfg.backend == "cpu" && std::env::var("OMP_NUM_THREADS").is_err() {
+            let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            env.push(("OMP_NUM_THREADS".into(), n.to_string()));
+        }
+        workers.push(Supervisor::new(
+            WorkerSpec {
+                program: exe.clone(),
+                args,
+                env,
+            },
+            limits,
+        ));
+    }
+    Ok(Pool::new(workers))
+}
+
+macro_rules! ctx {
+    ($s:ident) => {
+        Ctx {
+            task: &$s.task,
+            backend: &$s.cfg.backend,
+            kb: $s.kb.as_ref(),
+            tree: &$s.tree,
+            round: $s.round,
+            run_id: $s.run_id,
+        }
+    };
+}
+
+pub struct Search {
+    pub store: Store,
+    pub run_id: i64,
+    pub cfg: RunConfig,
+    pub task: Task,
+    pub tree: Tree,
+    pub pool: Pool,
+    pub kb: Option<ksearch_kb::Kb>,
+    pub profile: Option<String>,
+    pub planner: Box<dyn Planner>,
+    pub round: u32,
+    /// Seed medians per search workload (microseconds).
+    pub seed_times: Vec<f64>,
+    pub evals: u64,
+    pub rounds_since_best: u32,
+    pub started: Instant,
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub run: i64,
+    pub task: String,
+    pub backend: String,
+    pub device: String,
+    pub rounds: u32,
+    pub evaluations: u64,
+    pub stop_reason: String,
+    pub best_node: Option<i64>,
+    pub best_action: Option<String>,
+    pub seed_us: Vec<f64>,
+    pub best_us: Vec<f64>,
+    pub workloads: Vec<String>,
+    pub speedup: Option<f64>,
+    pub heldout: Option<HeldOut>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeldOut {
+    pub passed: bool,
+    pub workloads: Vec<String>,
+    pub speedup: Option<f64>,
+    pub message: Option<String>,
+}
+
+fn geomean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()
+}
+
+/// Median times per workload of a successful reply.
+fn medians(r: &EvalReply) -> Option<Vec<f64>> {
+    if !r.ok() {
+        return None;
+    }
+    r.workloads.iter().map(|w| w.timing.as_ref().map(|t| t.median_us)).collect()
+}
+
+/// The failure of a reply, whole-candidate or first workload's.
+pub fn failure_of(r: &EvalReply) -> Option<Failure> {
+    if let Some(f) = &r.failure {
+        return Some(f.clone());
+    }
+    for w in &r.workloads {
+        if let Some(f) = &w.failure {
+            return Some(Failure {
+                class: f.class,
+                message: format!("{}: {}", w.label, f.message),
+            });
+        }
+        if !w.check.passed() {
+            return Some(Failure {
+                class: FailureClass::Wrong,
+                message: format!("{}: check failed", w.label),
+            });
+        }
+    }
+    None
+}
+
+impl Search {
+    fn workloads(&self, list: &[Workload], purpose: u64) -> Vec<WorkloadReq> {
+        list.iter()
+            .enumerate()
+            .map(|(i, w)| WorkloadReq {
+                label: workload_label(w, &self.task.axes),
+                axes: w.clone(),
+                seed: mix(mix(self.cfg.seed, self.evals + 1), mix(purpose, i as u64)),
+            })
+            .collect()
+    }
+
+    fn request(&mut self, cand: &Candidate, heldout: bool, check_only: bool) -> EvalRequest {
+        let b = self.task.backend(&self.cfg.backend).expect("backend checked at start");
+        let list = if heldout { b.heldout.clone() } else { b.search.clone() };
+        let ws = self.workloads(&list, heldout as u64);
+        self.evals += 1;
+        EvalRequest {
+            id: self.evals,
+            task: self.task.clone(),
+            backend: self.cfg.backend.clone(),
+            candidate: cand.clone(),
+            workloads: ws,
+            timing: self.cfg.timing.clone(),
+            check_only,
+        }
+    }
+
+    /// Static rules of the translation layer, before any compile.
+    fn static_check(&self, cand: &Candidate) -> Option<Failure> {
+        let kb = self.kb.as_ref()?;
+        let profile = self.profile.as_deref().and_then(|p| kb.profile(p))?;
+        let forbid = self
+            .task
+            .backend(&self.cfg.backend)
+            .map(|b| b.forbid.clone())
+            .unwrap_or_default();
+        let v = ksearch_kb::check_source(kb, &cand.source, cand.lang, profile, &forbid, None);
+        if v.is_empty() {
+            return None;
+        }
+        let msg: Vec<String> = v.iter().map(|x| format!("rule {}: {}", x.rule, x.message)).collect();
+        Some(Failure {
+            class: FailureClass::Check,
+            message: msg.join("; "),
+        })
+    }
+
+    fn evaluate(&mut self, cand: &Candidate, heldout: bool) -> (EvalReply, f64) {
+        let req = self.request(cand, heldout, false);
+        let t = Instant::now();
+        let mut r = self.pool.eval_many(std::slice::from_ref(&req)).pop().unwrap_or_default();
+        r.id = req.id;
+        (r, t.elapsed().as_secs_f64())
+    }
+
+    pub fn evaluate_pub(&mut self, cand: &Candidate, heldout: bool) -> (EvalReply, f64) {
+        self.evaluate(cand, heldout)
+    }
+
+    fn speedup(&self, r: &EvalReply) -> Option<f64> {
+        let m = medians(r)?;
+        if m.len() != self.seed_times.len() {
+            return None;
+        }
+        Some(geomean(
+            &self.seed_times.iter().zip(&m).map(|(s, c)| s / c).collect::<Vec<_>>(),
+        ))
+    }
+
+    fn roofline_fraction(r: &EvalReply) -> Option<f64> {
+        let f: Vec<f64> = r
+            .workloads
+            .iter()
+            .filter_map(|w| Some((w.floor_us?, w.timing.as_ref()?.median_us)))
+            .filter(|(f, m)| *f > 0.0 && *m > 0.0)
+            .map(|(f, m)| (f / m).min(1.0))
+            .collect();
+        if f.is_empty() { None } else { Some(geomean(&f)) }
+    }
+
+    /// Create the run: evaluate the seed and let the planner open the first actions.
+    pub fn start(&mut self) -> Result<()> {
+        let seed_k = self
+            .task
+            .kernel(&self.cfg.backend, "seed")
+            .context("task has no seed")?
+            .clone();
+        let cand = crate::planner::instantiate(&self.cfg.backend, &seed_k, &BTreeMap::new());
+        let mut root = Node::new(
+            0,
+            None,
+            Action::Seed,
+            None,
+            Assessment {
+                overall: 5.0,
+                ..Assessment::default()
+            },
+            0,
+        );
+        root.id = self.store.insert_node(self.run_id, &root)?;
+        let (reply, wall) = self.evaluate(&cand, false);
+        let key = self.store.put_candidate("seed", &cand)?;
+        root.candidate = Some(key.clone());
+        root.round_evaluated = Some(0);
+        root.attempts = 1;
+        let fail = failure_of(&reply);
+        match (&fail, medians(&reply)) {
+            (None, Some(m)) => {
+                self.seed_times = m.clone();
+                root.status = NodeStatus::Solved;
+                root.speedup = Some(1.0);
+                root.time_us = Some(geomean(&m));
+                root.assessment.confidence = 0.9;
+                measured_impacts(&mut root.assessment, &reply);
+            }
+            _ => {
+                root.status = NodeStatus::Failed;
+                root.failure = fail.as_ref().map(|f| f.class);
+            }
+        }
+        let rid = self.run_id;
+        let dev = self.pool.workers.first().map(|w| w.device.clone()).unwrap_or_default();
+        self.store.atomic(|s| {
+            s.insert_evaluation(rid, Some(root.id), Some(&key), 0, "seed", &reply, wall)?;
+            s.update_node(&root)?;
+            s.set_run_device(rid, &dev)?;
+            Ok(())
+        })?;
+        self.tree.nodes.insert(root.id, root.clone());
+        if let Some(f) = fail {
+            self.store
+                .set_run_status(self.run_id, "failed", Some(&format!("seed failed: {}", f.message)))?;
+            bail!(
+                "the seed kernel of {} failed on {} ({}): {}",
+                self.task.name,
+                self.cfg.backend,
+                f.class,
+                f.message
+            );
+        }
+        let props = self.planner.init(&ctx!(self))?;
+        let mut new = Vec::new();
+        for p in props {
+            new.push(self.insert(p)?);
+        }
+        Ok(())
+    }
+
+    fn insert(&mut self, p: Proposal) -> Result<i64> {
+        let mut n = Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, self.round);
+        n.id = self.store.insert_node(self.run_id, &n)?;
+        let id = n.id;
+        self.tree.nodes.insert(id, n);
+        Ok(id)
+    }
+
+    fn best_speedup(&self) -> f64 {
+        self.tree.best().and_then(|b| b.speedup).unwrap_or(1.0)
+    }
+
+    /// One round. Returns false when nothing is left to try.
+    pub fn step(&mut self) -> Result<bool> {
+        let Some((id, _score)) = ksearch_core::policy::select(&self.tree) else {
+            return Ok(false);
+        };
+        self.round += 1;
+        let round = self.round;
+        let rid = self.run_id;
+        {
+            let n = self.tree.nodes.get_mut(&id).expect("selected node exists");
+            n.status = NodeStatus::Running;
+            n.attempts += 1;
+            let snapshot = n.clone();
+            self.store.atomic(|s| {
+                s.update_node(&snapshot)?;
+                s.set_run_round(rid, round)
+            })?;
+        }
+        let node = self.tree.get(id).cloned().expect("node");
+        let parent_speedup = node.parent.and_then(|p| self.tree.get(p)).and_then(|p| p.speedup);
+        let written = self.planner.write(&ctx!(self), &node);
+        let (kernel, cand) = match written {
+            Ok(w) => (w.kernel, w.candidate),
+            Err(msg) => {
+                let reply = EvalReply::failed(0, FailureClass::Check, format!("no candidate written: {msg}"));
+                self.finish_node(id, None, None, reply, 0.0, parent_speedup)?;
+                return Ok(true);
+            }
+        };
+        let key = cand.key();
+        // Same normalised candidate as an earlier node: reuse its result, evaluate nothing.
+        if let Some(prev) = self
+            .tree
+            .nodes
+            .values()
+            .find(|n| {
+                n.id != id
+                    && n.candidate.as_deref() == Some(key.as_str())
+                    && matches!(n.status, NodeStatus::Solved | NodeStatus::Failed)
+            })
+            .cloned()
+        {
+            let n = self.tree.nodes.get_mut(&id).expect("node");
+            n.status = prev.status;
+            n.speedup = prev.speedup;
+            n.time_us = prev.time_us;
+            n.failure = prev.failure;
+            n.candidate = Some(key);
+            n.round_evaluated = Some(round);
+            n.assessment.hw_fit.note = format!("duplicate of node {}: not re-evaluated", prev.id);
+            let snap = n.clone();
+            self.store.update_node(&snap)?;
+            self.log(&format!("round {round}: node {id} is a duplicate of node {}", prev.id));
+            return Ok(true);
+        }
+        let (reply, wall) = match self.static_check(&cand) {
+            Some(f) => (EvalReply::failed(self.evals, f.class, f.message), 0.0),
+            None => self.evaluate(&cand, false),
+        };
+        self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup)?;
+        Ok(true)
+    }
+
+    fn finish_node(
+        &mut self,
+        id: i64,
+        cand: Option<(String, Candidate)>,
+        key: Option<String>,
+        reply: EvalReply,
+        wall: f64,
+        parent_speedup: Option<f64>,
+    ) -> Result<()> {
+        let round = self.round;
+        let fail = failure_of(&reply);
+        let mut speedup = if fail.is_none() { self.speedup(&reply) } else { None };
+        let mut extra: Vec<(EvalReply, f64)> = Vec::new();
+        // A new best is re-timed before it is believed; the slower reading counts.
+        if let (Some(s), Some((_, c))) = (speedup, cand.as_ref())
+            && s > self.best_speedup() * 1.01
+        {
+            let (r2, w2) = self.evaluate(c, false);
+            let s2 = if failure_of(&r2).is_none() { self.speedup(&r2) } else { None };
+            speedup = match s2 {
+                Some(s2) => Some(s.min(s2)),
+                None => None,
+            };
+            extra.push((r2, w2));
+        }
+        let fail = match (&fail, speedup, &extra.last()) {
+            (None, None, Some((r2, _))) => failure_of(r2).or(Some(Failure {
+                class: FailureClass::Wrong,
+                message: "re-timing failed".into(),
+            })),
+            _ => fail,
+        };
+        let best_before = self.best_speedup();
+        {
+            let n = self.tree.nodes.get_mut(&id).expect("node");
+            n.candidate = key.clone();
+            n.round_evaluated = Some(round);
+            match (&fail, speedup) {
+                (None, Some(s)) => {
+                    n.status = NodeStatus::Solved;
+                    n.speedup = Some(s);
+                    n.time_us = medians(&reply).map(|m| geomean(&m));
+                    n.failure = None;
+                    measured_impacts(&mut n.assessment, &reply);
+                }
+                _ => {
+                    n.status = NodeStatus::Failed;
+                    n.failure = fail.as_ref().map(|f| f.class);
+                }
+            }
+        }
+        if let Some(p) = self.tree.get(id).and_then(|n| n.parent) {
+            let failed = fail.is_some();
+            if let Some(pn) = self.tree.nodes.get_mut(&p) {
+                pn.visits += 1;
+                if failed {
+                    pn.failures += 1;
+                }
+            }
+        }
+        let node = self.tree.get(id).cloned().expect("node");
+        let outcome = Outcome {
+            reply: &reply,
+            failure: fail.as_ref(),
+            speedup,
+            parent_speedup,
+            roofline_fraction: Self::roofline_fraction(&reply),
+        };
+        let edits = self.planner.update(&ctx!(self), &node, &outcome)?;
+        let mut applied = Vec::new();
+        for e in edits {
+            match validate_edit(&self.tree, &e) {
+                Ok(()) => applied.push(e),
+                Err(why) => self.log(&format!("round {round}: planner edit refused: {why}")),
+            }
+        }
+        // Apply in memory, then persist everything of this round in one transaction.
+        let mut inserts = Vec::new();
+        let mut touched = vec![id];
+        if let Some(p) = node.parent {
+            touched.push(p);
+        }
+        for e in applied {
+            match e {
+                TreeEdit::Update { node, assessment } => {
+                    if let Some(n) = self.tree.nodes.get_mut(&node) {
+                        n.assessment = assessment.clamped();
+                        touched.push(node);
+                    }
+                }
+                TreeEdit::Insert(p) => inserts.push(p),
+                TreeEdit::Prune { node, .. } => {
+                    if let Some(n) = self.tree.nodes.get_mut(&node) {
+                        n.status = NodeStatus::Pruned;
+                        touched.push(node);
+                    }
+                }
+                TreeEdit::Split { node, into } => {
+                    if let Some(n) = self.tree.nodes.get_mut(&node) {
+                        n.status = NodeStatus::Pruned;
+                        touched.push(node);
+                    }
+                    inserts.extend(into);
+                }
+                TreeEdit::TooHard { node } => {
+                    if let Some(n) = self.tree.nodes.get_mut(&node) {
+                        n.status = NodeStatus::TooHard;
+                        n.assessment.overall = n.assessment.overall.min(1.0);
+                        touched.push(node);
+                    }
+                }
+            }
+        }
+        let new_best = matches!(speedup, Some(s) if fail.is_none() && s > best_before);
+        if new_best {
+            self.rounds_since_best = 0;
+        } else {
+            self.rounds_since_best += 1;
+        }
+        let rid = self.run_id;
+        touched.sort();
+        touched.dedup();
+        let snaps: Vec<Node> = touched.iter().filter_map(|i| self.tree.get(*i).cloned()).collect();
+        let mut new_nodes = Vec::new();
+        let round_created = self.round;
+        let inserted: Vec<Node> = self.store.atomic(|s| {
+            if let Some((kernel, c)) = &cand {
+                s.put_candidate(kernel, c)?;
+            }
+            s.insert_evaluation(rid, Some(id), key.as_deref(), round, "search", &reply, wall)?;
+            for (r2, w2) in &extra {
+                s.insert_evaluation(rid, Some(id), key.as_deref(), round, "retime", r2, *w2)?;
+            }
+            for n in &snaps {
+                s.update_node(n)?;
+            }
+            for p in inserts {
+                let mut n = Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, round_created);
+                n.id = s.insert_node(rid, &n)?;
+                new_nodes.push(n);
+            }
+            if new_best && let Some(sp) = speedup {
+                s.set_run_best(rid, id, sp)?;
+            }
+            s.set_run_round(rid, round)?;
+            Ok(new_nodes)
+        })?;
+        for n in inserted {
+            self.tree.nodes.insert(n.id, n);
+        }
+        let what = node.action.summary();
+        match (&fail, speedup) {
+            (None, Some(s)) => self.log(&format!(
+                "round {round}: node {id} {what}: {s:.2}x{}",
+                if new_best { " (new best)" } else { "" }
+            )),
+            (Some(f), _) => self.log(&format!(
+                "round {round}: node {id} {what}: {} — {}",
+                f.class,
+                first_line(&f.message)
+            )),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn log(&self, s: &str) {
+        if !self.quiet {
+            eprintln!("{s}");
+        }
+    }
+
+    /// Re-time the best candidates against the seed and validate them on held-out workloads.
+    pub fn finish(&mut self, stop_reason: &str) -> Result<Report> {
+        let rid = self.run_id;
+        let round = self.round;
+        let seed_node = self.tree.root().cloned().context("run has no seed node")?;
+        let seed_cand = self.load_candidate(&seed_node)?;
+        let mut ranked: Vec<Node> = self
+            .tree
+            .nodes
+            .values()
+            .filter(|n| n.status == NodeStatus::Solved && n.parent.is_some() && n.speedup.unwrap_or(0.0) > 1.0)
+            .cloned()
+            .collect();
+        ranked.sort_by(|a, b| b.speedup.partial_cmp(&a.speedup).unwrap_or(std::cmp::Ordering::Equal));
+        let b = self.task.backend(&self.cfg.backend).expect("backend").clone();
+        let labels: Vec<String> = b.search.iter().map(|w| workload_label(w, &self.task.axes)).collect();
+        let device = self.pool.workers.first().map(|w| w.device.clone()).unwrap_or_default();
+        let mut report = Report {
+            run: rid,
+            task: self.task.name.clone(),
+            backend: self.cfg.backend.clone(),
+            device,
+            rounds: round,
+            evaluations: 0,
+            stop_reason: stop_reason.to_string(),
+            best_node: None,
+            best_action: None,
+            seed_us: Vec::new(),
+            best_us: Vec::new(),
+            workloads: labels,
+            speedup: None,
+            heldout: None,
+        };
+        for cand_node in ranked.iter().take(3) {
+            let cand = self.load_candidate(cand_node)?;
+            // Seed and candidate back to back, fresh inputs: the speed-up of the same moment.
+            let (rs, ws) = self.evaluate(&seed_cand, false);
+            let (rc, wc) = self.evaluate(&cand, false);
+            let key = cand_node.candidate.clone();
+            let seed_key = seed_node.candidate.clone();
+            self.store.atomic(|s| {
+                s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "final", &rs, ws)?;
+                s.insert_evaluation(rid, Some(cand_node.id), key.as_deref(), round, "final", &rc, wc)?;
+                Ok(())
+            })?;
+            let (Some(ms), Some(mc)) = (medians(&rs), medians(&rc)) else {
+                self.log(&format!(
+                    "final: node {} failed its re-timing: {:?}",
+                    cand_node.id,
+                    failure_of(&rc).map(|f| f.message)
+                ));
+                continue;
+            };
+            let sp = geomean(&ms.iter().zip(&mc).map(|(s, c)| s / c).collect::<Vec<_>>());
+            let held = if b.heldout.is_empty() {
+                HeldOut {
+                    passed: true,
+                    workloads: vec![],
+                    speedup: None,
+                    message: Some("the task declares no held-out workloads".into()),
+                }
+            } else {
+                let (hs, hws) = self.evaluate(&seed_cand, true);
+                let (hc, hwc) = self.evaluate(&cand, true);
+                self.store.atomic(|s| {
+                    s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "heldout", &hs, hws)?;
+                    s.insert_evaluation(rid, Some(cand_node.id), key.as_deref(), round, "heldout", &hc, hwc)?;
+                    Ok(())
+                })?;
+                let labels = b.heldout.iter().map(|w| workload_label(w, &self.task.axes)).collect();
+                match failure_of(&hc) {
+                    None => {
+                        let hsp = match (medians(&hs), medians(&hc)) {
+                            (Some(a), Some(c)) => Some(geomean(&a.iter().zip(&c).map(|(s, c)| s / c).collect::<Vec<_>>())),
+                            _ => None,
+                        };
+                        HeldOut {
+                            passed: true,
+                            workloads: labels,
+                            speedup: hsp,
+                            message: None,
+                        }
+                    }
+                    Some(f) => HeldOut {
+                        passed: false,
+                        workloads: labels,
+                        speedup: None,
+                        message: Some(format!("{}: {}", f.class, f.message)),
+                    },
+                }
+            };
+            let passed = held.passed;
+            report.best_node = Some(cand_node.id);
+            report.best_action = Some(cand_node.action.summary());
+            report.seed_us = ms;
+            report.best_us = mc;
+            report.speedup = Some(sp);
+            report.heldout = Some(held);
+            if passed {
+                break;
+            }
+            self.log(&format!(
+                "final: node {} failed held-out validation; trying the next best",
+                cand_node.id
+            ));
+        }
+        report.evaluations = self.store.count_evaluations(rid)?;
+        let ok = report.heldout.as_ref().map(|h| h.passed).unwrap_or(false);
+        let js = serde_json::to_value(&report)?;
+        self.store.atomic(|s| {
+            s.set_run_report(rid, &js)?;
+            s.set_run_status(rid, if ok { "done" } else { "done_no_result" }, Some(stop_reason))
+        })?;
+        Ok(report)
+    }
+
+    pub fn load_candidate(&self, n: &Node) -> Result<Candidate> {
+        let key = n
+            .candidate
+            .as_deref()
+            .with_context(|| format!("node {} has no candidate", n.id))?;
+        Ok(self
+            .store
+            .candidate(key)?
+            .with_context(|| format!("candidate {key} missing from the store"))?
+            .1)
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("")
+}
+
+/// Measured evidence for a node's impacts: roofline fraction → bandwidth and hardware fit;
+/// the compiler's resource report → register pressure.
+pub fn measured_impacts(a: &mut Assessment, r: &EvalReply) {
+    if let Some(f) = Search::roofline_fraction(r) {
+        a.bandwidth.rating = (10.0 * f).clamp(0.0, 10.0);
+        a.bandwidth.note = format!("measured: {:.1}% of the roofline floor", 100.0 * f);
+        a.hw_fit.rating = (10.0 * f.sqrt()).clamp(0.0, 10.0);
+        a.hw_fit.note = format!("measured: time is {:.1}x the floor", 1.0 / f.max(1e-9));
+    }
+    let res = &r.resources;
+    if let Some(regs) = res.registers {
+        let spills = res.spill_stores.unwrap_or(0) + res.spill_loads.unwrap_or(0);
+        let rating = if spills > 0 { 1.0 } else { 10.0 * (1.0 - regs as f64 / 255.0) };
+        a.registers.rating = rating.clamp(0.0, 10.0);
+        a.registers.note = format!("measured: {regs} registers, {spills} spill bytes");
+    } else if a.registers.note.is_empty() {
+        a.registers.note = "no resource report on this back-end".into();
+    }
+}
