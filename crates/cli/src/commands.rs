@@ -172,7 +172,10 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
                     flush: e.flush,
                 },
                 kb_dir: kb_dir(g, fc),
-                cache_dir: PathBuf::from(".ksearch/cache"),
+                cache_dir: store_path(g, fc)
+                    .parent()
+                    .map(|p| p.join("cache"))
+                    .unwrap_or_else(|| PathBuf::from(".ksearch/cache")),
                 llm: fc.llm.as_ref().map(|t| serde_json::to_value(t)).transpose()?,
             }
         }
@@ -319,6 +322,15 @@ fn drive(s: &mut Search, budget: Option<Duration>) -> Result<i32> {
         }
         if s.rounds_since_best >= s.cfg.patience {
             break format!("plateau: no new best in {} rounds", s.cfg.patience);
+        }
+        if let Some(why) = s.planner.stop_reason() {
+            pb.finish_and_clear();
+            s.store.set_run_status(s.run_id, "stopped", Some(&why))?;
+            println!(
+                "run {} stopped at round {}: {why}; continue with `ksearch resume {}`",
+                s.run_id, s.round, s.run_id
+            );
+            return Ok(0);
         }
         if !s.step()? {
             break "no open actions left".to_string();
@@ -626,7 +638,6 @@ fn bench(
         ..RunFlags::default()
     };
     let mut cfg = build_config(g, &fc, &task, &flags, None)?;
-    cfg.cache_dir = PathBuf::from(".ksearch/cache");
     let source = std::fs::read_to_string(kernel).with_context(|| format!("cannot read {}", kernel.display()))?;
     let mut defs = BTreeMap::new();
     for d in defines {

@@ -78,6 +78,11 @@ pub trait Planner {
     fn write(&mut self, ctx: &Ctx, node: &Node) -> std::result::Result<Written, String>;
     /// After an evaluation: revise the tree.
     fn update(&mut self, ctx: &Ctx, node: &Node, outcome: &Outcome) -> Result<Vec<TreeEdit>>;
+    /// Set when the planner cannot go on (e.g. its LLM budget is spent): the run stops
+    /// cleanly, unfinished, and `resume` continues it.
+    fn stop_reason(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The candidate for `kernel` with tunable values `config`.

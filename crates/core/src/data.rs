@@ -130,8 +130,9 @@ pub struct Check {
     pub nan: usize,
     pub max_abs_err: f64,
     pub max_rel_err: f64,
-    /// First offending element, for the failure message.
-    pub first_bad: Option<(usize, f64, f64)>,
+    /// First offending element (index, value, reference), for the failure message. Values
+    /// are kept as text so NaN and infinities survive JSON.
+    pub first_bad: Option<(usize, String, String)>,
 }
 
 impl Check {
@@ -146,7 +147,7 @@ impl Check {
         self.max_abs_err = self.max_abs_err.max(o.max_abs_err);
         self.max_rel_err = self.max_rel_err.max(o.max_rel_err);
         if self.first_bad.is_none() {
-            self.first_bad = o.first_bad;
+            self.first_bad = o.first_bad.clone();
         }
     }
 }
@@ -161,14 +162,14 @@ pub fn check(out: &[u8], dtype: DType, reference: &[f64], tol: Tolerance) -> Che
     for (i, (bytes, &r)) in out.chunks_exact(dtype.size()).zip(reference).enumerate() {
         if bytes == p {
             c.unwritten += 1;
-            c.first_bad.get_or_insert((i, f64::NAN, r));
+            c.first_bad.get_or_insert((i, "never written".into(), format!("{r}")));
             continue;
         }
         let v = decode_one(bytes, dtype);
         if !v.is_finite() {
             if !(v.is_infinite() && v == r) {
                 c.nan += 1;
-                c.first_bad.get_or_insert((i, v, r));
+                c.first_bad.get_or_insert((i, format!("{v}"), format!("{r}")));
             }
             continue;
         }
@@ -180,7 +181,7 @@ pub fn check(out: &[u8], dtype: DType, reference: &[f64], tol: Tolerance) -> Che
         }
         if abs > tol.atol + tol.rtol * r.abs() {
             c.mismatches += 1;
-            c.first_bad.get_or_insert((i, v, r));
+            c.first_bad.get_or_insert((i, format!("{v}"), format!("{r}")));
         }
     }
     c

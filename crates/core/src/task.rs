@@ -249,7 +249,17 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 /// The first line mentioning `needle` (for semantic errors that have no span), or 1.
 fn line_of(text: &str, needle: &str) -> usize {
-    text.lines().position(|l| l.contains(needle)).map(|i| i + 1).unwrap_or(1)
+    // Quoted names (tensors, tunables, files) are looked up inside tables first, so a tensor
+    // that shares the task's name is still found where it is declared.
+    let first_table = text.lines().position(|l| l.trim_start().starts_with('[')).unwrap_or(0);
+    let quoted = needle.starts_with('"');
+    text.lines()
+        .enumerate()
+        .skip(if quoted { first_table } else { 0 })
+        .find(|(_, l)| l.contains(needle))
+        .or_else(|| text.lines().enumerate().find(|(_, l)| l.contains(needle)))
+        .map(|(i, _)| i + 1)
+        .unwrap_or(1)
 }
 
 /// A tensor's resolved shape for a workload.

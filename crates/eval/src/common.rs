@@ -93,7 +93,7 @@ pub fn check_outputs(task: &Task, backend: &str, outputs: &[Vec<u8>], refs: &[Ve
             .unwrap_or(ksearch_core::task::Tolerance { atol: 1e-5, rtol: 1e-4 });
         let c = data::check(out, dt, r, tol);
         if !c.passed() && msg.is_none() {
-            let (i, got, want) = c.first_bad.unwrap_or((0, f64::NAN, f64::NAN));
+            let (i, got, want) = c.first_bad.clone().unwrap_or((0, "?".into(), "?".into()));
             msg = Some((spec.name.clone(), i, got, want, c.clone(), tol));
         }
         all.merge(&c);

@@ -222,7 +222,12 @@ impl Supervisor {
                     Ok(Reply::Error { message }) => {
                         return EvalReply::failed(req.id, FailureClass::Infra, format!("worker refused the request: {message}"));
                     }
-                    _ => {}
+                    Ok(_) => {}
+                    Err(e) => {
+                        self.kill();
+                        let head: String = l.chars().take(200).collect();
+                        return EvalReply::failed(req.id, FailureClass::Infra, format!("unreadable worker reply ({e}): {head}"));
+                    }
                 },
                 Err(RecvTimeoutError::Timeout) => {
                     if let Some(rss) = rss_bytes(pid) {
@@ -233,9 +238,10 @@ impl Supervisor {
                                 req.id,
                                 FailureClass::OutOfMemory,
                                 format!(
-                                    "worker memory reached {} MiB (limit {} MiB) during {stage}; worker killed",
+                                    "worker memory reached {} MiB (limit {} MiB) while {}; worker killed",
                                     rss >> 20,
-                                    self.limits.mem_limit_bytes >> 20
+                                    self.limits.mem_limit_bytes >> 20,
+                                    stage_words(&stage)
                                 ),
                             );
                         }
@@ -247,11 +253,7 @@ impl Supervisor {
                             self.limits.run_timeout
                         };
                         self.kill();
-                        let what = if stage == "compile" {
-                            "compiling".to_string()
-                        } else {
-                            format!("running (after {stage})")
-                        };
+                        let what = stage_words(&stage);
                         return EvalReply::failed(
                             req.id,
                             FailureClass::Timeout,
@@ -273,7 +275,7 @@ impl Supervisor {
                         ),
                         Some(sig) => (
                             FailureClass::Crash,
-                            format!("worker killed by {} ({sig}) during {stage}", signal_name(sig)),
+                            format!("worker killed by {} ({sig}) while {}", signal_name(sig), stage_words(&stage)),
                         ),
                         None => {
                             let code = st.and_then(|s| s.code()).unwrap_or(-1);
@@ -281,10 +283,13 @@ impl Supervisor {
                             if lower.contains("out of memory") || lower.contains("bad_alloc") {
                                 (
                                     FailureClass::OutOfMemory,
-                                    format!("worker ran out of memory during {stage} (exit {code})"),
+                                    format!("worker ran out of memory while {} (exit {code})", stage_words(&stage)),
                                 )
                             } else {
-                                (FailureClass::Crash, format!("worker exited with code {code} during {stage}"))
+                                (
+                                    FailureClass::Crash,
+                                    format!("worker exited with code {code} while {}", stage_words(&stage)),
+                                )
                             }
                         }
                     };
@@ -318,6 +323,14 @@ impl Supervisor {
 impl Drop for Supervisor {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+fn stage_words(stage: &str) -> String {
+    match stage {
+        "compile" => "compiling".into(),
+        "compiled" => "running the first workload".into(),
+        s => format!("running (after {s})"),
     }
 }
 

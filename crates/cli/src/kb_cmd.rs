@@ -1,0 +1,280 @@
+//! `ksearch kb`: browse the knowledge base and check kernel sources against its rules.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ksearch_kb::{BodySig, CheckOptions, Dialect, Kb, SourceLang, check, metal_syntax_check, rejected};
+
+#[derive(clap::Subcommand, Debug)]
+pub enum KbCmd {
+    /// List the hardware profiles.
+    Profiles,
+    /// Show one hardware profile with the source of every figure.
+    Show {
+        /// Profile name (see `ksearch kb profiles`), e.g. m3-max, h100.
+        profile: String,
+    },
+    /// Map a primitive between CUDA and Metal.
+    Map {
+        /// A CUDA or Metal spelling, e.g. __shfl_xor_sync, __syncthreads, simd_sum.
+        primitive: String,
+        /// The dialect to translate to.
+        #[arg(long, default_value = "metal", value_parser = ["metal", "cuda"])]
+        to: String,
+    },
+    /// List the optimisation patterns with their priors.
+    Patterns,
+    /// List the rules.
+    Rules,
+    /// Check a kernel source against the rules (and, with --syntax, a Metal syntax check).
+    Check {
+        file: PathBuf,
+        /// Target profile; default: generic-apple for Metal, generic-cuda for CUDA, cpu for C++.
+        #[arg(long)]
+        target: Option<String>,
+        /// cpp, cuda, metal (a whole file), mlx-metal or mlx-cuda (an MLX body). Default: from
+        /// the extension (.cu, .cpp/.cc, .metal: a whole file when it declares a kernel, else an MLX body).
+        #[arg(long)]
+        lang: Option<String>,
+        /// Also syntax-check Metal sources with a C++ compiler and the Metal shim.
+        #[arg(long)]
+        syntax: bool,
+        /// A library call the task forbids (repeatable).
+        #[arg(long)]
+        forbid: Vec<String>,
+        /// Dynamic shared / threadgroup bytes of the launch.
+        #[arg(long)]
+        shared: Option<u64>,
+        /// NAME=VALUE compile-time constant (repeatable).
+        #[arg(short = 'D', long = "define")]
+        defines: Vec<String>,
+        /// MLX body input NAME:DTYPE (repeatable); default: from `// inputs:` comments or the task.toml above the file.
+        #[arg(long)]
+        input: Vec<String>,
+        /// MLX body output NAME:DTYPE (repeatable).
+        #[arg(long)]
+        output: Vec<String>,
+    },
+}
+
+fn usage(msg: String) -> anyhow::Result<i32> {
+    eprintln!("error: {msg}");
+    Ok(2)
+}
+
+fn load() -> Result<Kb, String> {
+    let dir = Kb::locate().ok_or("no knowledge base found: set KSEARCH_KB or run from the repository root")?;
+    Kb::load(&dir).map_err(|e| e.to_string())
+}
+
+fn unknown_profile(kb: &Kb, name: &str) -> String {
+    let names: Vec<&str> = kb.profiles.iter().map(|p| p.name.as_str()).collect();
+    format!("unknown profile `{name}` (known: {})", names.join(", "))
+}
+
+fn pairs(v: &[String]) -> Result<Vec<(String, String)>, String> {
+    v.iter()
+        .map(|s| {
+            s.split_once(':')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| format!("`{s}`: expected NAME:DTYPE"))
+        })
+        .collect()
+}
+
+/// The body signature from the options, `// inputs:` comments, or the task beside `tasks/<t>/mlx/`.
+fn body_sig(file: &Path, src: &str, input: &[String], output: &[String]) -> Result<BodySig, String> {
+    if !input.is_empty() || !output.is_empty() {
+        return Ok(BodySig {
+            inputs: pairs(input)?,
+            outputs: pairs(output)?,
+            ..Default::default()
+        });
+    }
+    if let Some(s) = BodySig::from_comments(src) {
+        return Ok(s);
+    }
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let toml = dir.parent().map(|p| p.join("task.toml"));
+    if let Some(t) = toml.filter(|t| t.is_file()) {
+        let task = ksearch_core::Task::load(&t).map_err(|e| e.to_string())?;
+        let rel = format!("{}/{}", dir.file_name().unwrap_or_default().to_string_lossy(), file.file_name().unwrap_or_default().to_string_lossy());
+        let backend = ["mlx-metal", "mlx"].into_iter().find(|b| task.backend(b).is_some()).unwrap_or("mlx");
+        return Ok(BodySig::from_task(&task, backend, Some(&rel)));
+    }
+    Ok(BodySig::default())
+}
+
+pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
+    let kb = match load() {
+        Ok(kb) => kb,
+        Err(e) => return usage(e),
+    };
+    match cmd {
+        KbCmd::Profiles => {
+            println!("{:<14} {:<8} {:>10} {:>10} {:>8}  {}", "NAME", "VENDOR", "BW GB/s", "F32 TFLOPS", "SMEM KB", "DEVICE");
+            for p in &kb.profiles {
+                let f32 = p.peak_tflops.get("f32").map(|v| format!("{v}")).unwrap_or_else(|| "-".into());
+                println!(
+                    "{:<14} {:<8} {:>10} {:>10} {:>8}  {}",
+                    p.name, p.vendor, p.mem_bandwidth_gbs, f32, p.shared_per_block_kb, p.display_name
+                );
+            }
+            Ok(0)
+        }
+        KbCmd::Show { profile } => {
+            let Some(p) = kb.profile(&profile) else {
+                return usage(unknown_profile(&kb, &profile));
+            };
+            println!("{} ({})", p.display_name, p.name);
+            println!("vendor: {}  arch: {}", p.vendor, p.arch);
+            if let Some(cc) = &p.compute_capability {
+                println!("compute capability: {cc}");
+            }
+            if !p.notes.is_empty() {
+                println!("notes: {}", p.notes);
+            }
+            println!();
+            for (k, v) in p.figures() {
+                println!("{k:<24} {v:>12}   [{}]", p.sources.get(&k).map(String::as_str).unwrap_or("no source"));
+            }
+            Ok(0)
+        }
+        KbCmd::Map { primitive, to } => {
+            let d: Dialect = to.parse().map_err(anyhow::Error::msg)?;
+            let hits = kb.map(&primitive, d);
+            if hits.is_empty() {
+                return usage(format!("no primitive matches `{primitive}` (try `ksearch kb map __syncthreads`)"));
+            }
+            for p in hits {
+                let (from, target) = match d {
+                    Dialect::Metal => (p.cuda.join(", "), p.metal.clone()),
+                    Dialect::Cuda => (p.metal.clone(), p.cuda[0].clone()),
+                };
+                println!("{from} -> {target}");
+                println!("  {}", p.note);
+                if let Some(m) = &p.mlx {
+                    println!("  MLX: {m}");
+                }
+                match d {
+                    Dialect::Metal => println!("  CUDA:  {}\n  Metal: {}", p.cuda_example, p.metal_example.trim()),
+                    Dialect::Cuda => println!("  Metal: {}\n  CUDA:  {}", p.metal_example.trim(), p.cuda_example),
+                }
+            }
+            Ok(0)
+        }
+        KbCmd::Patterns => {
+            println!("{:<24} {:>5} {:>4} {:>4} {:>4} {:>4}  {}", "NAME", "PRIOR", "DIFF", "BW", "REG", "FIT", "TITLE");
+            for p in &kb.patterns {
+                println!(
+                    "{:<24} {:>5} {:>4} {:>4} {:>4} {:>4}  {}",
+                    p.name, p.prior, p.difficulty, p.bandwidth, p.registers, p.hw_fit, p.title
+                );
+            }
+            for (p, r) in kb.missing_kernel_refs() {
+                eprintln!("warning: pattern {p} references {r}, which does not exist");
+            }
+            Ok(0)
+        }
+        KbCmd::Rules => {
+            for r in &kb.rules {
+                println!("{} ({:?}): {}", r.id, r.severity, r.summary);
+            }
+            Ok(0)
+        }
+        KbCmd::Check {
+            file,
+            target,
+            lang,
+            syntax,
+            forbid,
+            shared,
+            defines,
+            input,
+            output,
+        } => {
+            let src = match std::fs::read_to_string(&file) {
+                Ok(s) => s,
+                Err(e) => return usage(format!("{}: {e}", file.display())),
+            };
+            let lang: SourceLang = match lang {
+                Some(l) => match l.parse() {
+                    Ok(l) => l,
+                    Err(e) => return usage(e),
+                },
+                None => match file.extension().and_then(|e| e.to_str()) {
+                    Some("cu" | "cuh") => SourceLang::Cuda,
+                    Some("cpp" | "cc" | "cxx" | "h" | "hpp") => SourceLang::Cpp,
+                    Some("metal") => {
+                        let sig = regex_lite_kernel(&src);
+                        if sig { SourceLang::Metal } else { SourceLang::MlxMetal }
+                    }
+                    _ => return usage(format!("{}: cannot infer the language; pass --lang", file.display())),
+                },
+            };
+            let default_target = match lang.dialect() {
+                Some(Dialect::Metal) => "generic-apple",
+                Some(Dialect::Cuda) => "generic-cuda",
+                None => "cpu",
+            };
+            let tname = target.unwrap_or_else(|| default_target.to_string());
+            let Some(profile) = kb.profile(&tname) else {
+                return usage(unknown_profile(&kb, &tname));
+            };
+            let mut defs = BTreeMap::new();
+            for d in &defines {
+                match d.split_once('=').and_then(|(n, v)| v.trim().parse::<i64>().ok().map(|v| (n.trim().to_string(), v))) {
+                    Some((n, v)) => {
+                        defs.insert(n, v);
+                    }
+                    None => return usage(format!("-D {d}: expected NAME=INTEGER")),
+                }
+            }
+            let opts = CheckOptions {
+                forbid,
+                dynamic_shared_bytes: shared,
+                defines: defs,
+                block: None,
+            };
+            let v = check(&kb, &src, lang, profile, &opts);
+            let mut bad = rejected(&v);
+            for x in &v {
+                let sev = if x.severity == ksearch_kb::Severity::Error { "error" } else { "warning" };
+                println!("{}: {sev}: {x}", file.display());
+            }
+            if syntax && lang.dialect() == Some(Dialect::Metal) {
+                let sig = if lang.is_body() {
+                    match body_sig(&file, &src, &input, &output) {
+                        Ok(s) => Some(s),
+                        Err(e) => return usage(e),
+                    }
+                } else {
+                    None
+                };
+                match metal_syntax_check(&src, sig.as_ref()) {
+                    Ok(()) => {}
+                    Err(e) if e.starts_with("no C++ compiler") => return usage(e),
+                    Err(e) => {
+                        println!("{}: error: rule metal.syntax: {e}", file.display());
+                        bad = true;
+                    }
+                }
+            }
+            if bad {
+                println!("rejected: {} ({} on {})", file.display(), lang.name(), profile.name);
+                Ok(1)
+            } else {
+                println!("accepted: {} ({} on {})", file.display(), lang.name(), profile.name);
+                Ok(0)
+            }
+        }
+    }
+}
+
+/// Does a Metal source declare a kernel function (a whole file) rather than being an MLX body?
+fn regex_lite_kernel(src: &str) -> bool {
+    src.lines().any(|l| {
+        let l = l.trim_start();
+        !l.starts_with("//") && (l.contains("[[kernel") || l.contains("kernel void"))
+    })
+}

@@ -1,0 +1,123 @@
+//! `ksearch kb` end to end, through the real binary.
+
+use assert_cmd::Command;
+use std::path::{Path, PathBuf};
+
+fn kb_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kb")
+}
+
+fn ksearch() -> Command {
+    let mut c = Command::cargo_bin("ksearch").unwrap();
+    c.env("KSEARCH_KB", kb_dir());
+    c
+}
+
+fn out(c: &mut Command) -> (i32, String, String) {
+    let o = c.output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn show_m3_max() {
+    let (code, stdout, _) = out(ksearch().args(["kb", "show", "m3-max"]));
+    assert_eq!(code, 0);
+    assert!(stdout.contains("Apple M3 Max"), "{stdout}");
+    assert!(stdout.contains("mem_bandwidth_gbs") && stdout.contains("400"), "{stdout}");
+    assert!(
+        stdout.contains("shared_per_block_kb") && stdout.contains("Metal Feature Set Tables"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("no source"), "{stdout}");
+}
+
+#[test]
+fn show_unknown_profile_is_a_usage_error() {
+    let (code, _, stderr) = out(ksearch().args(["kb", "show", "m7-giga"]));
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("unknown profile `m7-giga`") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn map_shfl_xor_to_metal() {
+    let (code, stdout, _) = out(ksearch().args(["kb", "map", "__shfl_xor_sync", "--to", "metal"]));
+    assert_eq!(code, 0);
+    assert!(stdout.starts_with("__shfl_xor_sync -> simd_shuffle_xor"), "{stdout}");
+    assert!(stdout.contains("no member-mask argument"), "{stdout}");
+    let (code, stdout, _) = out(ksearch().args(["kb", "map", "simd_sum", "--to", "cuda"]));
+    assert_eq!(code, 0);
+    assert!(stdout.contains("simd_sum -> __reduce_add_sync"), "{stdout}");
+}
+
+#[test]
+fn profiles_and_patterns_list() {
+    let (code, stdout, _) = out(ksearch().args(["kb", "profiles"]));
+    assert_eq!(code, 0);
+    assert!(stdout.contains("h100") && stdout.contains("m1-max") && stdout.contains("cpu"));
+    let (code, stdout, _) = out(ksearch().args(["kb", "patterns"]));
+    assert_eq!(code, 0);
+    assert!(stdout.contains("flash-attention-2") && stdout.contains("exp2-softmax"));
+}
+
+#[test]
+fn check_rejects_40k_threadgroup_and_accepts_a_valid_kernel() {
+    let bad = kb_dir().join("examples/reject/threadgroup-40k.metal");
+    let (code, stdout, _) = out(ksearch().args(["kb", "check", "--target", "m3-max"]).arg(&bad));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("rule apple.threadgroup-32k: threadgroup memory 40960 B exceeds 32768 B on m3-max (line 13)"),
+        "{stdout}"
+    );
+    let good = kb_dir().join("examples/softmax_rows.metal");
+    let (code, stdout, _) = out(ksearch().args(["kb", "check", "--target", "m3-max"]).arg(&good));
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("accepted"), "{stdout}");
+}
+
+#[test]
+fn check_with_syntax_and_mlx_body() {
+    if ksearch_kb::find_cxx().is_none() {
+        eprintln!("warning: no C++ compiler, --syntax skipped");
+        return;
+    }
+    let good = kb_dir().join("examples/softmax_rows.metal");
+    let (code, stdout, _) = out(ksearch().args(["kb", "check", "--syntax", "--target", "m1-max"]).arg(&good));
+    assert_eq!(code, 0, "{stdout}");
+    let body = kb_dir().join("examples/scale_body.metal");
+    let (code, stdout, _) = out(ksearch().args(["kb", "check", "--syntax"]).arg(&body));
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("mlx-metal"), "{stdout}");
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.metal");
+    std::fs::write(
+        &broken,
+        "// inputs: inp:f32\n// outputs: out:f32\nuint i = thread_position_in_grid.x;\nif (i >= 4) return;\nout[i] = nope[i];\n",
+    )
+    .unwrap();
+    let (code, stdout, _) = out(ksearch().args(["kb", "check", "--syntax"]).arg(&broken));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("rule metal.syntax") && stdout.contains("nope"), "{stdout}");
+}
+
+#[test]
+fn check_cuda_dialect_and_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("k.cu");
+    std::fs::write(&f, "__global__ void k(float* y) { y[0] = simd_sum(y[0]); }\n").unwrap();
+    let (code, stdout, _) = out(ksearch().args(["kb", "check", "--target", "h100"]).arg(&f));
+    assert_eq!(code, 1);
+    assert!(
+        stdout.contains("rule cuda.metal-identifier: `simd_sum` is Metal, not CUDA"),
+        "{stdout}"
+    );
+    let (code, _, stderr) = out(ksearch().args(["kb", "check", "--target", "nope"]).arg(&f));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("unknown profile"), "{stderr}");
+}
