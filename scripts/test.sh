@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every test of ksearch, with what they need installed first. Needs only the Rust toolchain,
+# a C++ compiler and Python 3 with pip; no GPU (GPU tests live in scripts/gpu-tests.sh and
+# skip themselves here).
+#   1. cargo test: unit, property, snapshot and integration tests (the real binary, real
+#      compiler, real workers, real SQLite, local HTTP servers for the LLM paths);
+#   2. NVRTC compile check of every shipped CUDA kernel (pip's nvidia-cuda-nvrtc, no GPU);
+#   3. the Linux-side check of every Metal kernel source (rules + syntax with a shim header).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never INSTA_UPDATE=no
+
+echo "== cargo test =="
+cargo test --workspace --all-targets
+
+echo "== NVRTC compile check of the CUDA kernels =="
+bash scripts/nvrtc-check.sh
+
+if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
+    echo "== Metal sources: rules and syntax =="
+    bash scripts/check-metal.sh
+fi
+echo "all checks passed"
