@@ -98,8 +98,15 @@ fn body_sig(file: &Path, src: &str, input: &[String], output: &[String]) -> Resu
     let toml = dir.parent().map(|p| p.join("task.toml"));
     if let Some(t) = toml.filter(|t| t.is_file()) {
         let task = ksearch_core::Task::load(&t).map_err(|e| e.to_string())?;
-        let rel = format!("{}/{}", dir.file_name().unwrap_or_default().to_string_lossy(), file.file_name().unwrap_or_default().to_string_lossy());
-        let backend = ["mlx-metal", "mlx"].into_iter().find(|b| task.backend(b).is_some()).unwrap_or("mlx");
+        let rel = format!(
+            "{}/{}",
+            dir.file_name().unwrap_or_default().to_string_lossy(),
+            file.file_name().unwrap_or_default().to_string_lossy()
+        );
+        let backend = ["mlx-metal", "mlx"]
+            .into_iter()
+            .find(|b| task.backend(b).is_some())
+            .unwrap_or("mlx");
         return Ok(BodySig::from_task(&task, backend, Some(&rel)));
     }
     Ok(BodySig::default())
@@ -112,7 +119,10 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
     };
     match cmd {
         KbCmd::Profiles => {
-            println!("{:<14} {:<8} {:>10} {:>10} {:>8}  {}", "NAME", "VENDOR", "BW GB/s", "F32 TFLOPS", "SMEM KB", "DEVICE");
+            println!(
+                "{:<14} {:<8} {:>10} {:>10} {:>8}  DEVICE",
+                "NAME", "VENDOR", "BW GB/s", "F32 TFLOPS", "SMEM KB"
+            );
             for p in &kb.profiles {
                 let f32 = p.peak_tflops.get("f32").map(|v| format!("{v}")).unwrap_or_else(|| "-".into());
                 println!(
@@ -136,7 +146,10 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
             }
             println!();
             for (k, v) in p.figures() {
-                println!("{k:<24} {v:>12}   [{}]", p.sources.get(&k).map(String::as_str).unwrap_or("no source"));
+                println!(
+                    "{k:<24} {v:>12}   [{}]",
+                    p.sources.get(&k).map(String::as_str).unwrap_or("no source")
+                );
             }
             Ok(0)
         }
@@ -144,7 +157,9 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
             let d: Dialect = to.parse().map_err(anyhow::Error::msg)?;
             let hits = kb.map(&primitive, d);
             if hits.is_empty() {
-                return usage(format!("no primitive matches `{primitive}` (try `ksearch kb map __syncthreads`)"));
+                return usage(format!(
+                    "no primitive matches `{primitive}` (try `ksearch kb map __syncthreads`)"
+                ));
             }
             for p in hits {
                 let (from, target) = match d {
@@ -164,7 +179,10 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         KbCmd::Patterns => {
-            println!("{:<24} {:>5} {:>4} {:>4} {:>4} {:>4}  {}", "NAME", "PRIOR", "DIFF", "BW", "REG", "FIT", "TITLE");
+            println!(
+                "{:<24} {:>5} {:>4} {:>4} {:>4} {:>4}  TITLE",
+                "NAME", "PRIOR", "DIFF", "BW", "REG", "FIT"
+            );
             for p in &kb.patterns {
                 println!(
                     "{:<24} {:>5} {:>4} {:>4} {:>4} {:>4}  {}",
@@ -223,7 +241,10 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
             };
             let mut defs = BTreeMap::new();
             for d in &defines {
-                match d.split_once('=').and_then(|(n, v)| v.trim().parse::<i64>().ok().map(|v| (n.trim().to_string(), v))) {
+                match d
+                    .split_once('=')
+                    .and_then(|(n, v)| v.trim().parse::<i64>().ok().map(|v| (n.trim().to_string(), v)))
+                {
                     Some((n, v)) => {
                         defs.insert(n, v);
                     }
@@ -239,7 +260,11 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
             let v = check(&kb, &src, lang, profile, &opts);
             let mut bad = rejected(&v);
             for x in &v {
-                let sev = if x.severity == ksearch_kb::Severity::Error { "error" } else { "warning" };
+                let sev = if x.severity == ksearch_kb::Severity::Error {
+                    "error"
+                } else {
+                    "warning"
+                };
                 println!("{}: {sev}: {x}", file.display());
             }
             if syntax && lang.dialect() == Some(Dialect::Metal) {

@@ -1,0 +1,221 @@
+//! Linux-side check of Metal sources: a C++17 compiler (clang++, else g++) in syntax-only mode
+//! with the shim in `kb/metal-shim/`, which models Metal's address spaces, attributes, types and
+//! built-ins. MLX bodies are wrapped into a kernel the way MLX's `metal_kernel` does it.
+
+use regex::Regex;
+use std::path::Path;
+use std::process::Command;
+
+const SHIM: &str = include_str!("../../../kb/metal-shim/metal_stdlib.h");
+const FORWARDS: &[&str] = &[
+    "metal_stdlib",
+    "metal_math",
+    "metal_compute",
+    "metal_simdgroup",
+    "metal_simdgroup_matrix",
+    "metal_atomic",
+    "metal_integer",
+    "metal_common",
+];
+
+/// What MLX knows about a body: its inputs and outputs (name, dtype such as `f32` or `float`),
+/// integer template parameters, whether outputs are atomic, and the `header=` text.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BodySig {
+    pub inputs: Vec<(String, String)>,
+    pub outputs: Vec<(String, String)>,
+    pub template_params: Vec<(String, i64)>,
+    pub atomic_outputs: bool,
+    pub header: String,
+}
+
+/// A dtype name (`f32`, `float16`, `half`, ...) as a Metal type.
+fn metal_type(dtype: &str) -> String {
+    match dtype {
+        "f32" | "float32" | "float" => "float",
+        "f16" | "float16" | "half" => "half",
+        "bf16" | "bfloat16" | "bfloat" => "bfloat",
+        "i32" | "int32" | "int" => "int",
+        "u32" | "uint32" | "uint" => "uint",
+        "i64" | "int64" => "int64_t",
+        "bool" => "bool",
+        "f64" | "float64" | "double" => "double",
+        other => other,
+    }
+    .to_string()
+}
+
+/// The Metal kernel MLX would build around `body`: inputs as `const device T*` with their
+/// `_shape`/`_strides`/`_ndim` companions, outputs as `device T*`, template parameters as
+/// constants and every thread-position attribute under its own name. A `#line` directive keeps
+/// diagnostics in the body's own line numbers.
+pub fn wrap_body(body: &str, sig: &BodySig) -> String {
+    let mut s = String::from("#include <metal_stdlib>\nusing namespace metal;\n");
+    for (n, v) in &sig.template_params {
+        s.push_str(&format!("constant constexpr int {n} = {v};\n"));
+    }
+    if !sig.header.is_empty() {
+        s.push_str(&sig.header);
+        s.push('\n');
+    }
+    let mut params = Vec::new();
+    let mut slot = 0;
+    for (n, d) in &sig.inputs {
+        params.push(format!("const device {}* {n} [[buffer({slot})]]", metal_type(d)));
+        params.push(format!("const constant int* {n}_shape [[buffer({})]]", slot + 1));
+        params.push(format!("const constant int64_t* {n}_strides [[buffer({})]]", slot + 2));
+        params.push(format!("const constant int& {n}_ndim [[buffer({})]]", slot + 3));
+        slot += 4;
+    }
+    for (n, d) in &sig.outputs {
+        let t = metal_type(d);
+        let t = if sig.atomic_outputs { format!("atomic<{t}>") } else { t };
+        params.push(format!("device {t}* {n} [[buffer({slot})]]"));
+        slot += 1;
+    }
+    for a in [
+        "thread_position_in_grid",
+        "threads_per_grid",
+        "thread_position_in_threadgroup",
+        "threads_per_threadgroup",
+        "threadgroup_position_in_grid",
+        "threadgroups_per_grid",
+    ] {
+        params.push(format!("uint3 {a} [[{a}]]"));
+    }
+    for a in [
+        "thread_index_in_threadgroup",
+        "thread_index_in_simdgroup",
+        "simdgroup_index_in_threadgroup",
+        "simdgroups_per_threadgroup",
+        "threads_per_simdgroup",
+    ] {
+        params.push(format!("uint {a} [[{a}]]"));
+    }
+    s.push_str("[[kernel]] void ksearch_body(\n    ");
+    s.push_str(&params.join(",\n    "));
+    s.push_str(") {\n#line 1 \"body.metal\"\n");
+    s.push_str(body);
+    s.push_str("\n}\n");
+    s
+}
+
+/// Metal-only spellings the C++ compiler cannot take, rewritten with line numbers kept:
+/// `[[threadgroup(i)]]` (the macro would erase the word) and half literals `1.0h`.
+fn rewrite(src: &str) -> String {
+    let tg = Regex::new(r"\[\[\s*threadgroup\s*\(").unwrap();
+    let s = tg.replace_all(src, "[[ks_threadgroup_index(");
+    let half = Regex::new(r"\b(\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)[hH]\b").unwrap();
+    half.replace_all(&s, "half($1)").into_owned()
+}
+
+/// The C++ compiler to use: `$KSEARCH_CXX`, else clang++, else g++, else c++.
+pub fn find_cxx() -> Option<String> {
+    let works = |c: &str| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if let Ok(c) = std::env::var("KSEARCH_CXX")
+        && !c.is_empty()
+    {
+        return works(&c).then_some(c);
+    }
+    ["clang++", "g++", "c++"].into_iter().find(|c| works(c)).map(str::to_string)
+}
+
+/// Syntax- and type-check a Metal source (or, with `body`, an MLX body) on Linux.
+/// `Err` carries the compiler's diagnostics, or says that no compiler was found.
+pub fn metal_syntax_check(src: &str, body: Option<&BodySig>) -> Result<(), String> {
+    let cxx = find_cxx().ok_or_else(|| "no C++ compiler found (install clang++ or g++, or set KSEARCH_CXX)".to_string())?;
+    let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let shim_dir = dir.path().join("shim");
+    let w = |p: &Path, text: &str| std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()));
+    std::fs::create_dir_all(&shim_dir).map_err(|e| format!("{}: {e}", shim_dir.display()))?;
+    w(&shim_dir.join("metal_stdlib.h"), SHIM)?;
+    for f in FORWARDS {
+        w(&shim_dir.join(f), "#include \"metal_stdlib.h\"\n")?;
+    }
+    let (text, name) = match body {
+        Some(sig) => (wrap_body(&rewrite(src), sig), "body.metal"),
+        None => (rewrite(src), "source.metal"),
+    };
+    let file = dir.path().join(name);
+    w(&file, &text)?;
+    let out = Command::new(&cxx)
+        .args(["-fsyntax-only", "-std=c++17", "-x", "c++", "-w", "-I"])
+        .arg(&shim_dir)
+        .arg(&file)
+        .current_dir(dir.path())
+        .output()
+        .map_err(|e| format!("{cxx}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let log = String::from_utf8_lossy(&out.stderr)
+        .replace(&format!("{}/", dir.path().display()), "")
+        .replace(&dir.path().display().to_string(), "");
+    Err(format!("{cxx} (Metal shim) rejected the source:\n{}", log.trim_end()))
+}
+
+impl BodySig {
+    /// A signature from `// inputs: a:f32, b:f16` and `// outputs: y:f32` comment lines (and
+    /// `// template: N=64, ...`), for bodies checked outside a task.
+    pub fn from_comments(src: &str) -> Option<BodySig> {
+        let mut sig = BodySig::default();
+        let mut found = false;
+        let pairs = |s: &str| -> Vec<(String, String)> {
+            s.split([',', ' '])
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| p.split_once(':').map(|(a, b)| (a.trim().to_string(), b.trim().to_string())))
+                .collect()
+        };
+        for l in src.lines() {
+            let l = l.trim();
+            if let Some(r) = l.strip_prefix("// inputs:") {
+                sig.inputs = pairs(r);
+                found = true;
+            } else if let Some(r) = l.strip_prefix("// outputs:") {
+                sig.outputs = pairs(r);
+                found = true;
+            } else if let Some(r) = l.strip_prefix("// template:") {
+                for p in r.split(',') {
+                    if let Some((a, b)) = p.split_once('=')
+                        && let Ok(v) = b.trim().parse()
+                    {
+                        sig.template_params.push((a.trim().to_string(), v));
+                    }
+                }
+            }
+        }
+        found.then_some(sig)
+    }
+
+    /// The signature MLX would give a body of `task` on `backend` (`mlx` or `mlx-metal`): the
+    /// task's inputs and outputs with the back-end's dtypes, and the kernel's tunables (default
+    /// values) and the first search workload's axes as template parameters.
+    pub fn from_task(task: &ksearch_core::Task, backend: &str, kernel_file: Option<&str>) -> BodySig {
+        let dt = |t: &ksearch_core::task::TensorSpec| task.dtype_on(backend, t).name().to_string();
+        let mut sig = BodySig {
+            inputs: task.inputs.iter().map(|t| (t.name.clone(), dt(t))).collect(),
+            outputs: task.outputs.iter().map(|t| (t.name.clone(), dt(t))).collect(),
+            ..Default::default()
+        };
+        if let Some(b) = task.backend(backend) {
+            if let Some(w) = b.search.first() {
+                sig.template_params.extend(w.iter().map(|(k, v)| (k.clone(), *v)));
+            }
+            let kernels = std::iter::once(&b.seed).chain(b.kernels.iter());
+            for k in kernels.filter(|k| kernel_file.is_none_or(|f| k.file == f)) {
+                for (n, v) in k.default_config() {
+                    if !sig.template_params.iter().any(|(m, _)| *m == n) {
+                        sig.template_params.push((n, v));
+                    }
+                }
+            }
+        }
+        sig
+    }
+}

@@ -1,0 +1,136 @@
+//! The CUDA <-> Metal primitive map: `kb/primitives.toml`.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+use crate::{KbError, line_of, parse_toml, read};
+
+/// A kernel dialect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Cuda,
+    Metal,
+}
+
+impl std::str::FromStr for Dialect {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Dialect, String> {
+        match s {
+            "cuda" => Ok(Dialect::Cuda),
+            "metal" | "mlx-metal" => Ok(Dialect::Metal),
+            _ => Err(format!("unknown dialect `{s}` (expected metal or cuda)")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Primitive {
+    pub id: String,
+    pub kind: String,
+    /// CUDA spellings; the first is canonical.
+    pub cuda: Vec<String>,
+    /// Metal spelling, or `none`.
+    pub metal: String,
+    pub note: String,
+    #[serde(default)]
+    pub mlx: Option<String>,
+    pub cuda_example: String,
+    pub metal_example: String,
+    /// `body` (a statement inside a kernel) or `file` (a whole Metal source).
+    #[serde(default = "body")]
+    pub example_scope: String,
+}
+
+fn body() -> String {
+    "body".into()
+}
+
+const KINDS: &[&str] = &[
+    "index",
+    "memory",
+    "sync",
+    "simd",
+    "atomic",
+    "type",
+    "math",
+    "matrix",
+    "copy",
+    "attribute",
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    primitive: Vec<Primitive>,
+}
+
+pub(crate) fn load(path: &Path) -> Result<Vec<Primitive>, KbError> {
+    let text = read(path)?;
+    let f: File = parse_toml(&text, path, 0)?;
+    let mut seen = std::collections::BTreeSet::new();
+    for p in &f.primitive {
+        let inv = |reason: String| KbError::Invalid {
+            path: path.display().to_string(),
+            line: line_of(&text, &format!("id = \"{}\"", p.id)),
+            reason,
+        };
+        if !seen.insert(p.id.clone()) {
+            return Err(inv(format!("primitive `{}` defined twice", p.id)));
+        }
+        if p.cuda.is_empty() {
+            return Err(inv(format!("primitive `{}` has no CUDA spelling", p.id)));
+        }
+        if !KINDS.contains(&p.kind.as_str()) {
+            return Err(inv(format!(
+                "primitive `{}`: unknown kind `{}` (known: {})",
+                p.id,
+                p.kind,
+                KINDS.join(", ")
+            )));
+        }
+        if p.example_scope != "body" && p.example_scope != "file" {
+            return Err(inv(format!("primitive `{}`: example_scope must be body or file", p.id)));
+        }
+    }
+    Ok(f.primitive)
+}
+
+/// The identifier a spelling starts with: `threadgroup_barrier(mem_flags::...)` -> `threadgroup_barrier`.
+fn head(s: &str) -> &str {
+    let s = s.trim();
+    let end = s.find(['(', ' ']).unwrap_or(s.len());
+    &s[..end]
+}
+
+fn clean_query(q: &str) -> String {
+    let q = q.trim();
+    let q = q.strip_suffix("()").unwrap_or(q);
+    q.to_string()
+}
+
+pub(crate) fn lookup<'a>(all: &'a [Primitive], query: &str, to: Dialect) -> Vec<&'a Primitive> {
+    let q = clean_query(query);
+    let qh = head(&q).to_string();
+    let from = |p: &'a Primitive| -> Vec<&'a str> {
+        match to {
+            Dialect::Metal => p.cuda.iter().map(String::as_str).collect(),
+            Dialect::Cuda => vec![p.metal.as_str()],
+        }
+    };
+    let tiers: [&dyn Fn(&str) -> bool; 3] = [
+        &|s: &str| s == q || s.trim_end_matches('(') == q,
+        &|s: &str| head(s) == qh || head(s).trim_start_matches("[[").trim_end_matches("]]") == qh,
+        &|s: &str| !q.is_empty() && s.contains(q.as_str()),
+    ];
+    for t in tiers {
+        let hits: Vec<&Primitive> = all
+            .iter()
+            .filter(|p| p.id == q || from(p).iter().any(|s| *s != "none" && t(s)))
+            .collect();
+        if !hits.is_empty() {
+            return hits;
+        }
+    }
+    Vec::new()
+}
