@@ -43,6 +43,7 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
             heldout,
         ),
         Cmd::Log { run, node, full } => log(g, run, node, full),
+        Cmd::Kb(k) => crate::kb_cmd::run(k),
     }
 }
 

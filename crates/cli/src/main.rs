@@ -6,6 +6,7 @@
 mod commands;
 mod config;
 mod driver;
+mod kb_cmd;
 mod planner;
 
 use clap::{Args, Parser, Subcommand};
@@ -153,6 +154,9 @@ enum Cmd {
         #[arg(long)]
         full: bool,
     },
+    /// Knowledge base: hardware profiles, CUDA<->Metal map, patterns, static checks.
+    #[command(subcommand)]
+    Kb(kb_cmd::KbCmd),
     /// Serve evaluation requests on stdin/stdout (started by the supervisor).
     #[command(hide = true)]
     Worker {
