@@ -4,6 +4,7 @@
 
 pub mod common;
 pub mod cpu;
+pub mod cuda;
 pub mod supervisor;
 pub mod worker;
 
