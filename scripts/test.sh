@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never INSTA_UPDATE=no
 
 echo "== cargo test =="
-cargo test --workspace --all-targets
+cargo test --workspace --no-fail-fast
 
 echo "== NVRTC compile check of the CUDA kernels =="
 bash scripts/nvrtc-check.sh

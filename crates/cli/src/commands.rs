@@ -23,7 +23,7 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
         Cmd::Resume { run, flags } => resume(g, run, &flags),
         Cmd::Runs => runs(g),
         Cmd::Tree { run, all } => tree(g, run, all),
-        Cmd::Best { run, output } => best(g, run, output.as_deref()),
+        Cmd::Best { run, output, json } => best(g, run, output.as_deref(), json),
         Cmd::Bench {
             task,
             kernel,
@@ -569,10 +569,15 @@ pub fn standalone_source(c: &Candidate) -> String {
     s
 }
 
-fn best(g: &Global, run_id: i64, output: Option<&Path>) -> Result<i32> {
+fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i32> {
     let fc = file_config(g)?;
     let store = open_store(g, &fc)?;
     let row = store.run(run_id)?;
+    if json {
+        let v = row.report.clone().context("the run has no final report yet (resume it to finish)")?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
     let t = Tree::from_nodes(store.nodes(run_id)?);
     let report: Option<Report> = row.report.clone().and_then(|v| serde_json::from_value(v).ok());
     let node_id = report

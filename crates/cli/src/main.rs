@@ -123,6 +123,9 @@ enum Cmd {
         /// Write the kernel source (with its defines) to this file.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Print the run's final report as JSON instead.
+        #[arg(long)]
+        json: bool,
     },
     /// Evaluate one kernel file against the task's seed.
     Bench {

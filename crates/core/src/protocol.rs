@@ -389,6 +389,6 @@ mod tests {
     fn timing_summary() {
         let t = Timing::from_samples(vec![5.0, 1.0, 3.0, 2.0, 4.0]);
         assert_eq!((t.median_us, t.min_us, t.reps), (3.0, 1.0, 5));
-        assert!((t.spread - 1.0).abs() < 1e-12);
+        assert!((t.spread - 4.0 / 3.0).abs() < 1e-12); // (p90 - p10) / median = (5 - 1) / 3
     }
 }
