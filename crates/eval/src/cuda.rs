@@ -92,6 +92,21 @@ pub fn cuda_available() -> bool {
     quiet_catch(|| cu::init().is_ok() && cu::device::get_count().map(|n| n > 0).unwrap_or(false)).unwrap_or(false)
 }
 
+/// Number of CUDA devices (0 without a driver). Never panics.
+pub fn cuda_device_count() -> usize {
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { sys::is_culib_present() } {
+        return 0;
+    }
+    quiet_catch(|| {
+        if cu::init().is_err() {
+            return 0;
+        }
+        cu::device::get_count().map(|n| n.max(0) as usize).unwrap_or(0)
+    })
+    .unwrap_or(0)
+}
+
 /// NVRTC's version, e.g. (13, 0).
 pub fn nvrtc_version() -> Result<(i32, i32), String> {
     if !nvrtc_available() {
@@ -1361,7 +1376,19 @@ impl CudaBackend {
             }
             payloads.push(back[GUARD..GUARD + n].to_vec());
         }
-        let (c, f) = check_outputs(task, backend, &payloads, refs);
+        let (mut c, f) = check_outputs(task, backend, &payloads, refs);
+        // JSON has no NaN: serde_json writes it as null, which then does not read back as f64
+        // and the whole reply would be lost. The failure message already names the element.
+        if let Some((_, got, want)) = c.first_bad
+            && !(got.is_finite() && want.is_finite())
+        {
+            c.first_bad = None;
+        }
+        for v in [&mut c.max_abs_err, &mut c.max_rel_err] {
+            if !v.is_finite() {
+                *v = f64::MAX;
+            }
+        }
         res.check = c;
         res.failure = f;
         Ok(())
