@@ -1,0 +1,436 @@
+// FlashAttention-2 style forward: one block per (BLOCK_M query rows, batch*head); each warp owns
+// 16 query rows (BLOCK_M == 16 * WARPS). K/V tiles of BLOCK_N keys are double-buffered in shared
+// memory (cp.async 16-byte copies when VEC=1); MT=2 gives each warp 32 rows (Q staged in shared memory,
+// every K/V fragment feeds two MMAs: half the ldmatrix traffic per MMA), S = Q K^T and O += P V run on the tensor cores with
+// mma.sync m16n8k16 (f16 in, f32 accumulate) fed by ldmatrix; online softmax keeps the running row
+// max and sum in registers. Causal blocks skip key tiles past the diagonal, heavy blocks first.
+//
+// Tunables: HD (== D, compile-time head dim), BLOCK_M, BLOCK_N, WARPS, KT (K stored transposed in
+// shared memory, read with ldmatrix.trans), EXP2 (exp2 with log2(e)-prescaled scale, else expf),
+// TC (1: mma.sync; 0: SIMT fallback, one thread per query row), VEC (16-byte cp.async vs 4-byte
+// synchronous loads), ONLINE (1: online softmax; 0: a first pass computes the exact row max).
+// f16 data handled as raw 16-bit words; no headers needed.
+#ifndef HD
+#define HD 128
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M 128
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 64
+#endif
+#ifndef WARPS
+#define WARPS 8
+#endif
+#ifndef KT
+#define KT 0
+#endif
+#ifndef EXP2
+#define EXP2 1
+#endif
+#ifndef TC
+#define TC 1
+#endif
+#ifndef VEC
+#define VEC 1
+#endif
+#ifndef ONLINE
+#define ONLINE 1
+#endif
+#ifndef MT
+#define MT 1
+#endif
+
+#define NT (32 * WARPS)
+#define KS (HD + 8)          // row stride (halves) of [key][d] tiles
+#define KTS (BLOCK_N + 8)    // row stride (halves) of the transposed [d][key] K tile
+#define KBUF (KT ? HD * KTS : BLOCK_N * KS)
+#define VBUF (BLOCK_N * KS)
+
+#if TC && (BLOCK_M != 16 * WARPS * MT)
+#error "BLOCK_M must equal 16 * WARPS * MT"
+#endif
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+#if EXP2
+#define EXPF(x) ex2(x)
+#define SCALE_MUL 1.4426950408889634f
+#else
+#define EXPF(x) expf(x)
+#define SCALE_MUL 1.0f
+#endif
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp16(void* s, const void* g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s)), "l"(g));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm4(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void ldsm4t(unsigned a, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Copy `rows` rows of HD halves (global row stride HD) into shared rows of stride `ds` halves.
+__device__ __forceinline__ void load_rows(unsigned short* dst, int ds, const unsigned short* src, int rows, int tid) {
+#if VEC
+    for (int c = tid; c < rows * (HD / 8); c += NT) {
+        int r = c / (HD / 8), cc = c % (HD / 8);
+        cp16(dst + r * ds + cc * 8, src + (long long)r * HD + cc * 8);
+    }
+#else
+    for (int c = tid; c < rows * (HD / 2); c += NT) {
+        int r = c / (HD / 2), cc = c % (HD / 2);
+        *(unsigned*)(dst + r * ds + cc * 2) = __ldg((const unsigned*)(src + (long long)r * HD + cc * 2));
+    }
+#endif
+}
+
+// K tile: [key][d] via load_rows, or transposed [d][key] through registers (KT=1).
+__device__ __forceinline__ void load_k(unsigned short* dst, const unsigned short* src, int tid) {
+#if KT
+#if VEC
+    for (int c = tid; c < BLOCK_N * (HD / 8); c += NT) {
+        int r = c % BLOCK_N, cc = c / BLOCK_N;
+        uint4 w = __ldg((const uint4*)(src + (long long)r * HD + cc * 8));
+        unsigned ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            dst[(cc * 8 + 2 * e) * KTS + r] = (unsigned short)(ws[e] & 0xffff);
+            dst[(cc * 8 + 2 * e + 1) * KTS + r] = (unsigned short)(ws[e] >> 16);
+        }
+    }
+#else
+    for (int c = tid; c < BLOCK_N * (HD / 2); c += NT) {
+        int r = c % BLOCK_N, cc = c / BLOCK_N;
+        unsigned w = __ldg((const unsigned*)(src + (long long)r * HD + cc * 2));
+        dst[(cc * 2) * KTS + r] = (unsigned short)(w & 0xffff);
+        dst[(cc * 2 + 1) * KTS + r] = (unsigned short)(w >> 16);
+    }
+#endif
+#else
+    load_rows(dst, KS, src, BLOCK_N, tid);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short* __restrict__ q,
+                                                           const unsigned short* __restrict__ k,
+                                                           const unsigned short* __restrict__ v,
+                                                           unsigned short* __restrict__ o, long long B, long long H,
+                                                           long long L, long long D, long long causal) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned short* sm = (unsigned short*)smem_raw;
+    unsigned short* sK[2] = {sm, sm + KBUF};
+    unsigned short* sV[2] = {sm + 2 * KBUF, sm + 2 * KBUF + VBUF};
+    const int tid = threadIdx.x;
+    const long long bh = blockIdx.y;
+    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const unsigned short* Kg = k + bh * L * HD;
+    const unsigned short* Vg = v + bh * L * HD;
+    const float sc = SCALE_MUL / sqrtf((float)HD);
+
+#if TC
+    // Each warp owns MT m-tiles of 16 query rows: rows m0 + warp*16*MT + 16*mt + {g, g+8}.
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+    const int m0 = mb * BLOCK_M;
+    const int wfirst = m0 + warp * 16 * MT, wlast = wfirst + 16 * MT - 1;
+    const int nt = causal ? (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N : (int)(L / BLOCK_N);
+    const unsigned short* Qg = q + bh * L * HD;
+    const int mi = lane >> 3, rr = lane & 7;
+
+#if MT == 1
+    unsigned qa[1][HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const unsigned short* p0 = Qg + (long long)(wfirst + g) * HD + kk * 16 + 2 * qd;
+        qa[0][kk][0] = __ldg((const unsigned*)p0);
+        qa[0][kk][1] = __ldg((const unsigned*)(p0 + 8 * HD));
+        qa[0][kk][2] = __ldg((const unsigned*)(p0 + 8));
+        qa[0][kk][3] = __ldg((const unsigned*)(p0 + 8 * HD + 8));
+    }
+#define QFRAG(mt, kk) qa[0][kk]
+#else
+    // Q tile staged in shared memory (after the K/V buffers); A fragments via ldmatrix.
+    unsigned short* sQ = sm + 2 * KBUF + 2 * VBUF;
+    load_rows(sQ, KS, Qg + (long long)m0 * HD, BLOCK_M, tid);
+    const unsigned qoff = smem_addr(sQ) + (((warp * 16 * MT) + 8 * (mi & 1) + rr) * KS + 8 * (mi >> 1)) * 2;
+#endif
+#if KT
+    const unsigned koff = ((8 * (mi & 1) + rr) * KTS + 8 * (mi >> 1)) * 2;
+#else
+    const unsigned koff = ((8 * (mi >> 1) + rr) * KS + 8 * (mi & 1)) * 2;
+#endif
+    const unsigned voff = ((8 * (mi & 1) + rr) * KS + 8 * (mi >> 1)) * 2;
+
+    float mrow[MT][2], lrow[MT][2];
+    float oacc[MT][HD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        mrow[mt][0] = mrow[mt][1] = -INFINITY;
+        lrow[mt][0] = lrow[mt][1] = 0.f;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) oacc[mt][j][0] = oacc[mt][j][1] = oacc[mt][j][2] = oacc[mt][j][3] = 0.f;
+    }
+
+    // S = Q K^T for one tile, scaled, masked.
+#if MT == 1
+#define LOAD_QA(kk) unsigned (*qf)[4] = qa[0] + (kk); (void)qf;
+#define QA(mt) qa[0][kk]
+#else
+#define LOAD_QA(kk) unsigned qf[MT][4]; _Pragma("unroll") for (int mt = 0; mt < MT; mt++) ldsm4(qoff + (mt * 16 * KS + (kk) * 16) * 2, qf[mt][0], qf[mt][1], qf[mt][2], qf[mt][3]);
+#define QA(mt) qf[mt]
+#endif
+#define COMPUTE_S(buf, n0)                                                                       \
+    float s[MT][BLOCK_N / 8][4];                                                                 \
+    _Pragma("unroll") for (int mt = 0; mt < MT; mt++)                                            \
+    _Pragma("unroll") for (int j = 0; j < BLOCK_N / 8; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f; \
+    {                                                                                            \
+        const unsigned kb = smem_addr(sK[buf]) + koff;                                           \
+        _Pragma("unroll") for (int kk = 0; kk < HD / 16; kk++) {                                 \
+            LOAD_QA(kk)                                                                          \
+            _Pragma("unroll") for (int j = 0; j < BLOCK_N / 8; j += 2) {                         \
+                unsigned b0, b1, b2, b3;                                                         \
+                if (KT) ldsm4t(kb + (kk * 16 * KTS + j * 8) * 2, b0, b1, b2, b3);                \
+                else ldsm4(kb + (j * 8 * KS + kk * 16) * 2, b0, b1, b2, b3);                     \
+                _Pragma("unroll") for (int mt = 0; mt < MT; mt++) {                              \
+                    mma16816(s[mt][j], QA(mt), b0, b1);                                          \
+                    mma16816(s[mt][j + 1], QA(mt), b2, b3);                                      \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    _Pragma("unroll") for (int mt = 0; mt < MT; mt++) {                                          \
+        const int r0 = wfirst + 16 * mt + g;                                                     \
+        const bool diag = causal && (n0 + BLOCK_N - 1 > wfirst + 16 * mt);                       \
+        _Pragma("unroll") for (int j = 0; j < BLOCK_N / 8; j++) {                                \
+            _Pragma("unroll") for (int e = 0; e < 4; e++) {                                      \
+                float x = s[mt][j][e] * sc;                                                      \
+                if (diag) {                                                                      \
+                    int key = n0 + 8 * j + 2 * qd + (e & 1);                                     \
+                    if (key > r0 + ((e < 2) ? 0 : 8)) x = -INFINITY;                             \
+                }                                                                                \
+                s[mt][j][e] = x;                                                                 \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+#if !ONLINE
+    // Pass 1: exact row max over all keys.
+    load_k(sK[0], Kg, tid);
+    cp_commit();
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt) load_k(sK[(t + 1) & 1], Kg + (long long)(t + 1) * BLOCK_N * HD, tid);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const int n0 = t * BLOCK_N;
+        if (!(causal && n0 > wlast)) {
+            COMPUTE_S(t & 1, n0)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < BLOCK_N / 8; j++) {
+                    mrow[mt][0] = fmaxf(mrow[mt][0], fmaxf(s[mt][j][0], s[mt][j][1]));
+                    mrow[mt][1] = fmaxf(mrow[mt][1], fmaxf(s[mt][j][2], s[mt][j][3]));
+                }
+        }
+        __syncthreads();
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mrow[mt][h] = fmaxf(mrow[mt][h], __shfl_xor_sync(0xffffffff, mrow[mt][h], 1));
+            mrow[mt][h] = fmaxf(mrow[mt][h], __shfl_xor_sync(0xffffffff, mrow[mt][h], 2));
+        }
+#endif
+
+    load_k(sK[0], Kg, tid);
+    load_rows(sV[0], KS, Vg, BLOCK_N, tid);
+    cp_commit();
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt) {
+            load_k(sK[(t + 1) & 1], Kg + (long long)(t + 1) * BLOCK_N * HD, tid);
+            load_rows(sV[(t + 1) & 1], KS, Vg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, tid);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const int n0 = t * BLOCK_N;
+        if (!(causal && n0 > wlast)) {
+            COMPUTE_S(t & 1, n0)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#if ONLINE
+                float tx0 = -INFINITY, tx1 = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < BLOCK_N / 8; j++) {
+                    tx0 = fmaxf(tx0, fmaxf(s[mt][j][0], s[mt][j][1]));
+                    tx1 = fmaxf(tx1, fmaxf(s[mt][j][2], s[mt][j][3]));
+                }
+                tx0 = fmaxf(tx0, __shfl_xor_sync(0xffffffff, tx0, 1));
+                tx0 = fmaxf(tx0, __shfl_xor_sync(0xffffffff, tx0, 2));
+                tx1 = fmaxf(tx1, __shfl_xor_sync(0xffffffff, tx1, 1));
+                tx1 = fmaxf(tx1, __shfl_xor_sync(0xffffffff, tx1, 2));
+                const float mn0 = fmaxf(mrow[mt][0], tx0), mn1 = fmaxf(mrow[mt][1], tx1);
+                const float al0 = EXPF(mrow[mt][0] - mn0), al1 = EXPF(mrow[mt][1] - mn1);
+                mrow[mt][0] = mn0;
+                mrow[mt][1] = mn1;
+                lrow[mt][0] *= al0;
+                lrow[mt][1] *= al1;
+#pragma unroll
+                for (int j = 0; j < HD / 8; j++) {
+                    oacc[mt][j][0] *= al0;
+                    oacc[mt][j][1] *= al0;
+                    oacc[mt][j][2] *= al1;
+                    oacc[mt][j][3] *= al1;
+                }
+#else
+                const float mn0 = mrow[mt][0], mn1 = mrow[mt][1];
+#endif
+#pragma unroll
+                for (int j = 0; j < BLOCK_N / 8; j++) {
+                    s[mt][j][0] = EXPF(s[mt][j][0] - mn0);
+                    s[mt][j][1] = EXPF(s[mt][j][1] - mn0);
+                    s[mt][j][2] = EXPF(s[mt][j][2] - mn1);
+                    s[mt][j][3] = EXPF(s[mt][j][3] - mn1);
+                    lrow[mt][0] += s[mt][j][0] + s[mt][j][1];
+                    lrow[mt][1] += s[mt][j][2] + s[mt][j][3];
+                }
+            }
+            const unsigned vb = smem_addr(sV[t & 1]) + voff;
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+                unsigned pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int jd = 0; jd < HD / 8; jd += 2) {
+                    unsigned b0, b1, b2, b3;
+                    ldsm4t(vb + (kk * 16 * KS + jd * 8) * 2, b0, b1, b2, b3);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816(oacc[mt][jd], pa[mt], b0, b1);
+                        mma16816(oacc[mt][jd + 1], pa[mt], b2, b3);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    unsigned short* Og = o + bh * L * HD;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float l0 = lrow[mt][0], l1 = lrow[mt][1];
+        l0 += __shfl_xor_sync(0xffffffff, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffff, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffff, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffff, l1, 2);
+        const float i0 = 1.f / l0, i1 = 1.f / l1;
+        const long long r0 = wfirst + 16 * mt + g;
+#pragma unroll
+        for (int jd = 0; jd < HD / 8; jd++) {
+            *(unsigned*)(Og + r0 * HD + jd * 8 + 2 * qd) = pack2(oacc[mt][jd][0] * i0, oacc[mt][jd][1] * i0);
+            *(unsigned*)(Og + (r0 + 8) * HD + jd * 8 + 2 * qd) = pack2(oacc[mt][jd][2] * i1, oacc[mt][jd][3] * i1);
+        }
+    }
+#else
+    // SIMT fallback: one thread per query row, NT rows per block, K/V tiles shared by the block.
+    const int m0 = mb * NT;
+    const int row = m0 + tid;
+    const int nt = causal ? (m0 + NT + BLOCK_N - 1) / BLOCK_N : (int)(L / BLOCK_N);
+    const unsigned* qrow = (const unsigned*)(q + bh * L * HD + (long long)row * HD);
+    float qf[HD];
+#pragma unroll
+    for (int d = 0; d < HD / 2; d++) {
+        unsigned w = __ldg(qrow + d);
+        qf[2 * d] = h2f((unsigned short)(w & 0xffff)) * sc;
+        qf[2 * d + 1] = h2f((unsigned short)(w >> 16)) * sc;
+    }
+    float acc[HD];
+#pragma unroll
+    for (int d = 0; d < HD; d++) acc[d] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    load_rows(sK[0], KS, Kg, BLOCK_N, tid);
+    load_rows(sV[0], KS, Vg, BLOCK_N, tid);
+    cp_commit();
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt) {
+            load_rows(sK[(t + 1) & 1], KS, Kg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, tid);
+            load_rows(sV[(t + 1) & 1], KS, Vg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, tid);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const unsigned short* Ks = sK[t & 1];
+        const unsigned short* Vs = sV[t & 1];
+        for (int j0 = 0; j0 < BLOCK_N; j0 += 8) {
+            float s[8];
+            float tx = -INFINITY;
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) {
+                const unsigned* kr = (const unsigned*)(Ks + (j0 + jj) * KS);
+                float a = 0.f;
+#pragma unroll
+                for (int d = 0; d < HD / 2; d++) {
+                    unsigned w = kr[d];
+                    a = fmaf(qf[2 * d], h2f((unsigned short)(w & 0xffff)), a);
+                    a = fmaf(qf[2 * d + 1], h2f((unsigned short)(w >> 16)), a);
+                }
+                int key = t * BLOCK_N + j0 + jj;
+                if (causal && key > row) a = -INFINITY;
+                s[jj] = a;
+                tx = fmaxf(tx, a);
+            }
+            float mn = fmaxf(m, tx);
+            float al = EXPF(m - mn);
+            m = mn;
+            l *= al;
+#pragma unroll
+            for (int d = 0; d < HD; d++) acc[d] *= al;
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) {
+                float p = EXPF(s[jj] - mn);
+                l += p;
+                const unsigned* vr = (const unsigned*)(Vs + (j0 + jj) * KS);
+#pragma unroll
+                for (int d = 0; d < HD / 2; d++) {
+                    unsigned w = vr[d];
+                    acc[2 * d] = fmaf(p, h2f((unsigned short)(w & 0xffff)), acc[2 * d]);
+                    acc[2 * d + 1] = fmaf(p, h2f((unsigned short)(w >> 16)), acc[2 * d + 1]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const float il = 1.f / l;
+    unsigned* orow = (unsigned*)(o + bh * L * HD + (long long)row * HD);
+#pragma unroll
+    for (int d = 0; d < HD / 2; d++) orow[d] = pack2(acc[2 * d] * il, acc[2 * d + 1] * il);
+#endif
+}
