@@ -187,6 +187,12 @@ impl Supervisor {
     /// dies, hangs or grows past the memory limit yields a classified failure, and the next
     /// call starts a fresh worker.
     pub fn eval(&mut self, req: &EvalRequest) -> EvalReply {
+        // A worker that exited on its own (e.g. after a device fault) is replaced first.
+        if let Some(w) = self.worker.as_mut()
+            && matches!(w.child.try_wait(), Ok(Some(_)))
+        {
+            self.worker = None;
+        }
         if let Err(e) = self.start() {
             return EvalReply::failed(req.id, FailureClass::Infra, e);
         }
