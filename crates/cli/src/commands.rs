@@ -44,6 +44,7 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
         ),
         Cmd::Log { run, node, full } => log(g, run, node, full),
         Cmd::Kb(k) => crate::kb_cmd::run(k),
+        Cmd::NvrtcCheck { task, arch, max_configs } => nvrtc_check(g, task.as_deref(), &arch, max_configs),
     }
 }
 
@@ -94,13 +95,29 @@ fn worker(backend: &str, device: usize, cache: Option<PathBuf>) -> Result<i32> {
     }
 }
 
-#[allow(unreachable_code, unused_variables)]
 fn cuda_worker(device: usize, cache: PathBuf) -> Result<i32> {
-    bail!("the cuda back-end is not built into this ksearch")
+    let mut b = ksearch_eval::cuda::CudaBackend::new(device, cache).map_err(|e| anyhow::anyhow!("cuda back-end: {e}"))?;
+    Ok(ksearch_eval::worker::serve(&mut b))
 }
 
 fn cuda_available() -> bool {
-    false
+    ksearch_eval::cuda::cuda_available()
+}
+
+/// Compile-check every shipped CUDA kernel with NVRTC (no GPU needed).
+pub fn nvrtc_check(g: &Global, task: Option<&str>, arch: &str, max: usize) -> Result<i32> {
+    let fc = file_config(g)?;
+    let dir = tasks_dir(g, &fc)?;
+    let tasks = match task {
+        Some(t) => vec![task::find(&dir, t)?],
+        None => task::load_all(&dir)?,
+    };
+    if !ksearch_eval::cuda::nvrtc_available() {
+        bail!("libnvrtc not found (pip install nvidia-cuda-nvrtc==13.0.* and put its lib folder on LD_LIBRARY_PATH)");
+    }
+    let (n, failed) = ksearch_eval::cuda::nvrtc_check(&tasks, arch, max, &mut |line| println!("{line}"));
+    println!("nvrtc-check: {} passed, {failed} failed", n - failed);
+    Ok(if failed == 0 { 0 } else { 1 })
 }
 
 fn tasks(g: &Global) -> Result<i32> {
@@ -202,6 +219,10 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
     if let Some(v) = &f.devices {
         cfg.devices = v.clone();
     }
+    if cfg.backend == "cuda" && cfg.devices.is_empty() {
+        // One worker per GPU found.
+        cfg.devices = (0..ksearch_eval::cuda::cuda_device_count().max(1)).collect();
+    }
     if let Some(v) = &f.compile_timeout {
         cfg.compile_timeout_s = parse_duration(v)?.as_secs_f64();
     }
@@ -218,12 +239,18 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
     if !["offline", "llm"].contains(&cfg.planner.as_str()) {
         bail!("unknown planner `{}` (use offline or llm)", cfg.planner);
     }
+    crate::llm_planner::apply_flags(&mut cfg.llm, f)?;
+    if cfg.planner == "llm" {
+        // Fail early (before a run is created) on an unusable [llm] configuration.
+        crate::llm_planner::settings(cfg.llm.as_ref())?;
+    }
     Ok(cfg)
 }
 
-fn make_planner(cfg: &RunConfig, _f: &RunFlags) -> Result<Box<dyn Planner>> {
+fn make_planner(cfg: &RunConfig, _f: &RunFlags, quiet: bool) -> Result<Box<dyn Planner>> {
     match cfg.planner.as_str() {
         "offline" => Ok(Box::new(Offline::default())),
+        "llm" => Ok(Box::new(crate::llm_planner::LlmPlanner::from_config(cfg, quiet)?)),
         other => bail!("the {other} planner is not available in this build"),
     }
 }
@@ -279,7 +306,7 @@ fn new_search(store: Store, run_id: i64, cfg: RunConfig, task: Task, f: &RunFlag
         }
         p.name.clone()
     });
-    let planner = make_planner(&cfg, f)?;
+    let planner = make_planner(&cfg, f, quiet)?;
     Ok(Search {
         store,
         run_id,
@@ -447,6 +474,8 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
             tree: &s.tree,
             round: s.round,
             run_id,
+            store: Some(&s.store),
+            profile: s.profile.as_deref(),
         })?;
         for p in props {
             let mut n = ksearch_core::tree::Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, s.round);
@@ -574,7 +603,10 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
     let store = open_store(g, &fc)?;
     let row = store.run(run_id)?;
     if json {
-        let v = row.report.clone().context("the run has no final report yet (resume it to finish)")?;
+        let v = row
+            .report
+            .clone()
+            .context("the run has no final report yet (resume it to finish)")?;
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }

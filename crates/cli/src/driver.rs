@@ -105,6 +105,8 @@ macro_rules! ctx {
             tree: &$s.tree,
             round: $s.round,
             run_id: $s.run_id,
+            store: Some(&$s.store),
+            profile: $s.profile.as_deref(),
         }
     };
 }
@@ -354,7 +356,27 @@ impl Search {
 
     /// One round. Returns false when nothing is left to try.
     pub fn step(&mut self) -> Result<bool> {
-        let Some((id, _score)) = ksearch_core::policy::select(&self.tree) else {
+        // Open nodes this planner cannot write (LLM edits under the offline planner) are
+        // skipped, not failed: they stay open for a later run with a planner that can.
+        let unwritable: Vec<i64> = self
+            .tree
+            .open()
+            .into_iter()
+            .filter(|n| !self.planner.can_write(n))
+            .map(|n| n.id)
+            .collect();
+        let picked = if unwritable.is_empty() {
+            ksearch_core::policy::select(&self.tree)
+        } else {
+            let mut view = self.tree.clone();
+            for i in &unwritable {
+                if let Some(n) = view.nodes.get_mut(i) {
+                    n.status = NodeStatus::Pruned;
+                }
+            }
+            ksearch_core::policy::select(&view)
+        };
+        let Some((id, _score)) = picked else {
             return Ok(false);
         };
         self.round += 1;
@@ -375,6 +397,22 @@ impl Search {
         let written = self.planner.write(&ctx!(self), &node);
         let (kernel, cand) = match written {
             Ok(w) => (w.kernel, w.candidate),
+            Err(msg) if self.planner.stop_reason().is_some() => {
+                // The planner had to stop (its budget is spent) before writing: the node was not
+                // tried. Reopen it and undo the round, so that `resume` tries it.
+                let n = self.tree.nodes.get_mut(&id).expect("node");
+                n.status = NodeStatus::Open;
+                n.attempts = n.attempts.saturating_sub(1);
+                let snapshot = n.clone();
+                self.round -= 1;
+                let r = self.round;
+                self.store.atomic(|s| {
+                    s.update_node(&snapshot)?;
+                    s.set_run_round(rid, r)
+                })?;
+                self.log(&format!("round {round}: node {id} not written: {msg}"));
+                return Ok(true);
+            }
             Err(msg) => {
                 let reply = EvalReply::failed(0, FailureClass::Check, format!("no candidate written: {msg}"));
                 self.finish_node(id, None, None, reply, 0.0, parent_speedup)?;

@@ -7,6 +7,7 @@ mod commands;
 mod config;
 mod driver;
 mod kb_cmd;
+mod llm_planner;
 mod planner;
 
 use clap::{Args, Parser, Subcommand};
@@ -160,6 +161,17 @@ enum Cmd {
     /// Knowledge base: hardware profiles, CUDA<->Metal map, patterns, static checks.
     #[command(subcommand)]
     Kb(kb_cmd::KbCmd),
+    /// Compile-check every shipped CUDA kernel with NVRTC (no GPU needed).
+    #[command(hide = true)]
+    NvrtcCheck {
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long, default_value = "sm_90")]
+        arch: String,
+        /// Tunable combinations per kernel at most (a spread sample beyond).
+        #[arg(long, default_value_t = 40)]
+        max_configs: usize,
+    },
     /// Serve evaluation requests on stdin/stdout (started by the supervisor).
     #[command(hide = true)]
     Worker {

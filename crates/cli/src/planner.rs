@@ -17,6 +17,10 @@ pub struct Ctx<'a> {
     pub tree: &'a Tree,
     pub round: u32,
     pub run_id: i64,
+    /// The run's store (candidates of earlier nodes, LLM call records, artifacts).
+    pub store: Option<&'a ksearch_store::Store>,
+    /// The knowledge-base hardware profile of the target, if detected.
+    pub profile: Option<&'a str>,
 }
 
 /// A new open node.
@@ -78,6 +82,11 @@ pub trait Planner {
     fn write(&mut self, ctx: &Ctx, node: &Node) -> std::result::Result<Written, String>;
     /// After an evaluation: revise the tree.
     fn update(&mut self, ctx: &Ctx, node: &Node, outcome: &Outcome) -> Result<Vec<TreeEdit>>;
+    /// Whether this planner can write `node`'s candidate at all. Nodes it cannot write (an
+    /// offline planner resuming a tree with LLM edits) are skipped by selection, not failed.
+    fn can_write(&self, _node: &Node) -> bool {
+        true
+    }
     /// Set when the planner cannot go on (e.g. its LLM budget is spent): the run stops
     /// cleanly, unfinished, and `resume` continues it.
     fn stop_reason(&self) -> Option<String> {
@@ -182,6 +191,10 @@ impl Offline {
 impl Planner for Offline {
     fn name(&self) -> &'static str {
         "offline"
+    }
+
+    fn can_write(&self, node: &Node) -> bool {
+        !matches!(node.action, Action::Edit { .. })
     }
 
     fn init(&mut self, ctx: &Ctx) -> Result<Vec<Proposal>> {
