@@ -194,7 +194,7 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
                     .parent()
                     .map(|p| p.join("cache"))
                     .unwrap_or_else(|| PathBuf::from(".ksearch/cache")),
-                llm: fc.llm.as_ref().map(|t| serde_json::to_value(t)).transpose()?,
+                llm: fc.llm.as_ref().map(serde_json::to_value).transpose()?,
             }
         }
     };
@@ -414,12 +414,12 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
     let fc = file_config(g)?;
     let store = open_store(g, &fc)?;
     let row = store.run(run_id)?;
-    if row.status.starts_with("done") {
-        if let Some(rep) = row.report.clone().and_then(|v| serde_json::from_value::<Report>(v).ok()) {
-            eprintln!("run {run_id} already finished");
-            print_report(&rep);
-            return Ok(if rep.speedup.is_some() { 0 } else { 1 });
-        }
+    if row.status.starts_with("done")
+        && let Some(rep) = row.report.clone().and_then(|v| serde_json::from_value::<Report>(v).ok())
+    {
+        eprintln!("run {run_id} already finished");
+        print_report(&rep);
+        return Ok(if rep.speedup.is_some() { 0 } else { 1 });
     }
     let prev: RunConfig = serde_json::from_value(row.config.clone()).context("the run's stored configuration is unreadable")?;
     let task = Task::load(&prev.task_path).or_else(|_| {
@@ -675,7 +675,7 @@ fn bench(
         backend: backend.map(String::from),
         ..RunFlags::default()
     };
-    let mut cfg = build_config(g, &fc, &task, &flags, None)?;
+    let cfg = build_config(g, &fc, &task, &flags, None)?;
     let source = std::fs::read_to_string(kernel).with_context(|| format!("cannot read {}", kernel.display()))?;
     let mut defs = BTreeMap::new();
     for d in defines {

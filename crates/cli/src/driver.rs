@@ -41,6 +41,7 @@ pub struct RunConfig {
     pub llm: Option<serde_json::Value>,
 }
 
+#[allow(dead_code)]
 pub struct Options {
     pub time_budget: Option<Duration>,
     pub quiet: bool,
@@ -414,7 +415,11 @@ impl Search {
                 return Ok(true);
             }
             Err(msg) => {
-                let reply = EvalReply::failed(0, FailureClass::Check, format!("no candidate written: {msg}"));
+                let reply = EvalReply::failed(
+                    0,
+                    FailureClass::Check,
+                    format!("no candidate written (by the {} planner): {msg}", self.planner.name()),
+                );
                 self.finish_node(id, None, None, reply, 0.0, parent_speedup)?;
                 return Ok(true);
             }
@@ -472,10 +477,7 @@ impl Search {
         {
             let (r2, w2) = self.evaluate(c, false);
             let s2 = if failure_of(&r2).is_none() { self.speedup(&r2) } else { None };
-            speedup = match s2 {
-                Some(s2) => Some(s.min(s2)),
-                None => None,
-            };
+            speedup = s2.map(|s2| s.min(s2));
             extra.push((r2, w2));
         }
         let fail = match (&fail, speedup, &extra.last()) {
@@ -544,7 +546,8 @@ impl Search {
                     }
                 }
                 TreeEdit::Insert(p) => inserts.push(p),
-                TreeEdit::Prune { node, .. } => {
+                TreeEdit::Prune { node, reason } => {
+                    self.log(&format!("round {round}: node {node} pruned: {reason}"));
                     if let Some(n) = self.tree.nodes.get_mut(&node) {
                         n.status = NodeStatus::Pruned;
                         touched.push(node);
