@@ -209,7 +209,11 @@ impl Search {
     fn request(&mut self, cand: &Candidate, heldout: bool, check_only: bool) -> EvalRequest {
         let b = self.task.backend(&self.cfg.backend).expect("backend checked at start");
         let list = if heldout { b.heldout.clone() } else { b.search.clone() };
-        let ws = self.workloads(&list, heldout as u64);
+        self.request_for(cand, &list, heldout as u64, check_only)
+    }
+
+    fn request_for(&mut self, cand: &Candidate, list: &[Workload], purpose: u64, check_only: bool) -> EvalRequest {
+        let ws = self.workloads(list, purpose);
         self.evals += 1;
         EvalRequest {
             id: self.evals,
@@ -220,6 +224,54 @@ impl Search {
             timing: self.cfg.timing.clone(),
             check_only,
         }
+    }
+
+    /// Evaluate on the held-out workloads. A kernel specialised by a tunable that its
+    /// constraints tie to the shape (e.g. `HD == D`) is re-specialised per held-out workload:
+    /// same source, same other tunables, the specialisation values the shape needs.
+    fn evaluate_heldout(&mut self, cand: &Candidate, kernel: &str) -> (EvalReply, f64) {
+        let b = self.task.backend(&self.cfg.backend).expect("backend").clone();
+        let spec = self.task.kernel(&self.cfg.backend, kernel).cloned();
+        let mut groups: Vec<(BTreeMap<String, i64>, Vec<Workload>)> = Vec::new();
+        for w in &b.heldout {
+            let mut c = cand.defines.clone();
+            if let Some(k) = &spec
+                && !k.admits(&c, w).unwrap_or(false)
+                && let Some(c2) = specialise(k, &c, w)
+            {
+                c = c2;
+            }
+            match groups.iter_mut().find(|(g, _)| *g == c) {
+                Some((_, v)) => v.push(w.clone()),
+                None => groups.push((c, vec![w.clone()])),
+            }
+        }
+        let mut merged = EvalReply::default();
+        let mut wall = 0.0;
+        for (defs, ws) in groups {
+            let mut c = cand.clone();
+            c.defines = defs;
+            let req = self.request_for(&c, &ws, 1, false);
+            let t = Instant::now();
+            let r = self.pool.eval_many(std::slice::from_ref(&req)).pop().unwrap_or_default();
+            wall += t.elapsed().as_secs_f64();
+            merged.id = req.id;
+            if merged.failure.is_none() {
+                merged.failure = r.failure.clone();
+            }
+            merged.compile.log.push_str(&r.compile.log);
+            merged.compile.seconds += r.compile.seconds;
+            merged.kernel_s += r.kernel_s;
+            merged.overhead_s += r.overhead_s;
+            merged.resources = r.resources.clone();
+            merged.workloads.extend(r.workloads);
+        }
+        // Back in the task's order, so seed and candidate line up.
+        let order: Vec<String> = b.heldout.iter().map(|w| workload_label(w, &self.task.axes)).collect();
+        merged
+            .workloads
+            .sort_by_key(|w| order.iter().position(|l| *l == w.label).unwrap_or(usize::MAX));
+        (merged, wall)
     }
 
     /// Static rules of the translation layer, before any compile.
@@ -690,8 +742,14 @@ impl Search {
                     message: Some("the task declares no held-out workloads".into()),
                 }
             } else {
-                let (hs, hws) = self.evaluate(&seed_cand, true);
-                let (hc, hwc) = self.evaluate(&cand, true);
+                let (hs, hws) = self.evaluate_heldout(&seed_cand, "seed");
+                let kname = cand_node
+                    .candidate
+                    .as_deref()
+                    .and_then(|k| self.store.candidate(k).ok().flatten())
+                    .map(|(k, _)| k)
+                    .unwrap_or_default();
+                let (hc, hwc) = self.evaluate_heldout(&cand, &kname);
                 self.store.atomic(|s| {
                     s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "heldout", &hs, hws)?;
                     s.insert_evaluation(rid, Some(cand_node.id), key.as_deref(), round, "heldout", &hc, hwc)?;
@@ -754,6 +812,38 @@ impl Search {
             .candidate(key)?
             .with_context(|| format!("candidate {key} missing from the store"))?
             .1)
+    }
+}
+
+/// Values of the kernel's specialisation tunables (pattern `specialisation`) that make `config`
+/// admissible for `w`, keeping every other tunable as it is.
+fn specialise(k: &ksearch_core::KernelSpec, config: &BTreeMap<String, i64>, w: &Workload) -> Option<BTreeMap<String, i64>> {
+    let spec: Vec<&ksearch_core::task::Tunable> = k
+        .tunables
+        .iter()
+        .filter(|t| t.pattern.as_deref() == Some("specialisation"))
+        .collect();
+    let mut idx = vec![0usize; spec.len()];
+    loop {
+        let mut c = config.clone();
+        for (t, i) in spec.iter().zip(&idx) {
+            c.insert(t.name.clone(), t.values[*i]);
+        }
+        if k.admits(&c, w).unwrap_or(false) {
+            return Some(c);
+        }
+        let mut j = 0;
+        loop {
+            if j == idx.len() {
+                return None;
+            }
+            idx[j] += 1;
+            if idx[j] < spec[j].values.len() {
+                break;
+            }
+            idx[j] = 0;
+            j += 1;
+        }
     }
 }
 

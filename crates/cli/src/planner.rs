@@ -150,7 +150,9 @@ impl Offline {
 
     fn admitted(task: &Task, backend: &str, k: &KernelSpec, c: &BTreeMap<String, i64>) -> bool {
         let Some(b) = task.backend(backend) else { return false };
-        b.search.iter().chain(&b.heldout).all(|w| k.admits(c, w).unwrap_or(false))
+        // Search workloads only: held-out shapes may need a re-specialised build (see
+        // `driver::specialise`), and the search must not peek at them.
+        b.search.iter().all(|w| k.admits(c, w).unwrap_or(false))
     }
 
     /// The default configuration, or the first admitted one in lexicographic order.

@@ -185,6 +185,7 @@ fn misbehaving_kernels_are_classified_and_the_search_goes_on() {
 }
 
 #[test]
+#[allow(clippy::zombie_processes)] // the child is killed and waited for inside the loop
 fn kill_9_then_resume_keeps_every_evaluation() {
     let d = tempfile::tempdir().unwrap();
     let s = d.path().join("s.db");
