@@ -21,4 +21,4 @@ if [[ -z "$CU13" || ! -e "$CU13/lib/libnvrtc.so.13" ]]; then
 fi
 export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KSEARCH_CUDA_INCLUDE="${KSEARCH_CUDA_INCLUDE:-$CU13/include}"
-exec cargo run --release -q -- nvrtc-check "$@"
+exec cargo run -q -- nvrtc-check "$@"

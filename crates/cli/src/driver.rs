@@ -266,6 +266,7 @@ impl Search {
             merged.resources = r.resources.clone();
             merged.workloads.extend(r.workloads);
         }
+        self.apply_profile_floor(&mut merged);
         // Back in the task's order, so seed and candidate line up.
         let order: Vec<String> = b.heldout.iter().map(|w| workload_label(w, &self.task.axes)).collect();
         merged
@@ -299,7 +300,39 @@ impl Search {
         let t = Instant::now();
         let mut r = self.pool.eval_many(std::slice::from_ref(&req)).pop().unwrap_or_default();
         r.id = req.id;
+        self.apply_profile_floor(&mut r);
         (r, t.elapsed().as_secs_f64())
+    }
+
+    /// The hardware profile's roofline floor (bytes at the memory bandwidth, flops at the
+    /// highest peak) on top of the worker's own: a time below it is `below_floor`, never a
+    /// result. Transcendentals are left out here: a polynomial on the FMA units can beat the
+    /// special-function rate.
+    fn apply_profile_floor(&self, r: &mut EvalReply) {
+        let Some(p) = self
+            .kb
+            .as_ref()
+            .zip(self.profile.as_deref())
+            .and_then(|(kb, n)| kb.profile(n))
+        else {
+            return;
+        };
+        for w in r.workloads.iter_mut() {
+            let floor = ksearch_kb::floor_us(p, w.bytes, w.flops, "any", 0.0, None);
+            w.floor_us = Some(w.floor_us.unwrap_or(0.0).max(floor));
+            if let Some(t) = &w.timing
+                && w.failure.is_none()
+                && t.median_us < floor
+            {
+                w.failure = Some(Failure {
+                    class: FailureClass::BelowFloor,
+                    message: format!(
+                        "median {:.2} us is below the {} roofline floor {:.2} us",
+                        t.median_us, p.name, floor
+                    ),
+                });
+            }
+        }
     }
 
     pub fn evaluate_pub(&mut self, cand: &Candidate, heldout: bool) -> (EvalReply, f64) {
