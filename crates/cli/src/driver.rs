@@ -903,3 +903,53 @@ pub fn measured_impacts(a: &mut Assessment, r: &EvalReply) {
         a.registers.note = "no resource report on this back-end".into();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ksearch_core::task::{KernelSpec, Tunable};
+
+    fn kernel() -> KernelSpec {
+        let t = |n: &str, v: &[i64], p: Option<&str>| Tunable {
+            name: n.into(),
+            values: v.to_vec(),
+            default: None,
+            pattern: p.map(String::from),
+        };
+        KernelSpec {
+            name: "k".into(),
+            file: "k.cu".into(),
+            entry: Some("k".into()),
+            launches: vec![],
+            scratch: vec![],
+            tunables: vec![
+                t("HD", &[64, 128], Some("specialisation")),
+                t("BLOCK", &[32, 64], Some("tiling")),
+            ],
+            constraints: vec!["HD == D".into(), "BLOCK <= 64".into()],
+            pattern: None,
+            description: String::new(),
+            options: Default::default(),
+            source: String::new(),
+        }
+    }
+
+    #[test]
+    fn specialise_changes_only_shape_tied_tunables() {
+        let k = kernel();
+        let cfg: BTreeMap<String, i64> = [("HD".to_string(), 128), ("BLOCK".to_string(), 64)].into();
+        let w = |d: i64| -> Workload { [("D".to_string(), d)].into() };
+        let got = specialise(&k, &cfg, &w(64)).expect("D=64 is supported");
+        assert_eq!(got.get("HD"), Some(&64));
+        assert_eq!(got.get("BLOCK"), Some(&64), "the searched tunable is kept");
+        assert_eq!(specialise(&k, &cfg, &w(128)), Some(cfg.clone()));
+        assert_eq!(specialise(&k, &cfg, &w(96)), None, "no build for an unsupported shape");
+    }
+
+    #[test]
+    fn geomean_and_seeds() {
+        assert!((geomean(&[2.0, 8.0]) - 4.0).abs() < 1e-12);
+        assert_ne!(mix(1, 2), mix(2, 1));
+        assert_ne!(mix(1, 2), mix(1, 3));
+    }
+}

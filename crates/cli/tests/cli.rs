@@ -170,6 +170,7 @@ fn misbehaving_kernels_are_classified_and_the_search_goes_on() {
         ("overrun", "FAILED out_of_bounds"),
         ("wrong", "FAILED wrong"),
         ("broken", "FAILED compile"),
+        ("cheat", "FAILED below_floor"),
     ] {
         let line = t
             .lines()
@@ -181,7 +182,7 @@ fn misbehaving_kernels_are_classified_and_the_search_goes_on() {
     let store = ksearch_store::Store::open(&s).unwrap();
     let evals = store.evaluations(1, None).unwrap();
     let failed = evals.iter().filter(|e| e.purpose == "search" && !e.reply.ok()).count();
-    assert!(failed >= 8, "{failed} failed evaluations recorded");
+    assert!(failed >= 9, "{failed} failed evaluations recorded");
 }
 
 #[test]
