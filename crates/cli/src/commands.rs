@@ -24,6 +24,7 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
         Cmd::Runs => runs(g),
         Cmd::Tree { run, all } => tree(g, run, all),
         Cmd::Best { run, output, json } => best(g, run, output.as_deref(), json),
+        Cmd::Export { run, mlx, output } => export(g, run, mlx, &output),
         Cmd::Bench {
             task,
             kernel,
@@ -91,6 +92,11 @@ fn worker(backend: &str, device: usize, cache: Option<PathBuf>) -> Result<i32> {
             Ok(ksearch_eval::worker::serve(&mut b))
         }
         "cuda" => cuda_worker(device, cache),
+        b if crate::driver::is_mlx(b) => {
+            bail!(
+                "the {b} worker is the Python package `ksearch_mlx`: run `python3 -m ksearch_mlx.worker --backend {b}` with python/ on PYTHONPATH"
+            )
+        }
         other => bail!("unknown back-end `{other}` (known: cpu, cuda)"),
     }
 }
@@ -115,7 +121,9 @@ pub fn nvrtc_check(g: &Global, task: Option<&str>, arch: &str, max: usize) -> Re
     if !ksearch_eval::cuda::nvrtc_available() {
         bail!("libnvrtc not found (pip install nvidia-cuda-nvrtc==13.0.* and put its lib folder on LD_LIBRARY_PATH)");
     }
-    let (n, failed) = ksearch_eval::cuda::nvrtc_check(&tasks, arch, max, &mut |line| println!("{line}"));
+    let (n0, f0) = ksearch_eval::cuda::nvrtc_check(&tasks, arch, max, &mut |line| println!("{line}"));
+    let (n1, f1) = ksearch_eval::mlx_cuda::nvrtc_check(&tasks, arch, max, &mut |line| println!("{line}"));
+    let (n, failed) = (n0 + n1, f0 + f1);
     println!("nvrtc-check: {} passed, {failed} failed", n - failed);
     Ok(if failed == 0 { 0 } else { 1 })
 }
@@ -151,8 +159,10 @@ fn resolve_backend(requested: &str, task: &Task) -> Result<String> {
                 "cpu".to_string()
             }
         }
-        "cpu" | "cuda" => requested.to_string(),
-        other => bail!("unknown back-end `{other}` (use auto, cpu or cuda)"),
+        // MLX: Metal bodies on macOS, CUDA bodies through MLX's CUDA back-end elsewhere.
+        "mlx" => if cfg!(target_os = "macos") { "mlx-metal" } else { "mlx-cuda" }.to_string(),
+        "cpu" | "cuda" | "mlx-cuda" | "mlx-metal" => requested.to_string(),
+        other => bail!("unknown back-end `{other}` (use auto, cpu, cuda, mlx, mlx-cuda or mlx-metal)"),
     };
     if task.backend(&b).is_none() {
         let have: Vec<&String> = task.backends.keys().collect();
@@ -267,6 +277,7 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
         .map(parse_duration)
         .transpose()?;
     let store = open_store(g, &fc)?;
+    let started = start_pool(&cfg)?;
     let run_id = store.create_run(
         &task.name,
         &cfg.backend,
@@ -275,7 +286,7 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
         "",
         &serde_json::to_value(&cfg)?,
     )?;
-    let mut s = new_search(store, run_id, cfg.clone(), task, f, g.quiet)?;
+    let mut s = new_search_with(store, run_id, cfg.clone(), task, f, g.quiet, Some(started))?;
     if !g.quiet {
         eprintln!(
             "run {run_id}: {} on {} ({}), planner {}, {} rounds",
@@ -290,12 +301,46 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
     drive(&mut s, budget)
 }
 
-fn new_search(store: Store, run_id: i64, cfg: RunConfig, task: Task, f: &RunFlags, quiet: bool) -> Result<Search> {
-    let mut pool = make_pool(&cfg)?;
+/// Start one worker per device; fails (before any run is recorded) when a worker cannot start
+/// or says it cannot run kernels here.
+fn start_pool(cfg: &RunConfig) -> Result<(ksearch_eval::Pool, String)> {
+    let mut pool = make_pool(cfg)?;
     let mut device = String::new();
     for w in pool.workers.iter_mut() {
-        device = w.start().map_err(|e| anyhow::anyhow!("{} worker: {e}", cfg.backend))?;
+        device = w.start().map_err(|e| {
+            if crate::driver::is_mlx(&cfg.backend) {
+                anyhow::anyhow!(
+                    "{} worker (python -m ksearch_mlx.worker) did not start: {e}; install MLX with `pip install -e python` (and `mlx-cuda-13` on Linux), or set KSEARCH_PYTHON to an interpreter that has it",
+                    cfg.backend
+                )
+            } else {
+                anyhow::anyhow!("{} worker: {e}", cfg.backend)
+            }
+        })?;
+        if w.kernels == Some(false) {
+            bail!("the {} worker cannot run kernels here: {}", cfg.backend, w.device);
+        }
     }
+    Ok((pool, device))
+}
+
+fn new_search(store: Store, run_id: i64, cfg: RunConfig, task: Task, f: &RunFlags, quiet: bool) -> Result<Search> {
+    new_search_with(store, run_id, cfg, task, f, quiet, None)
+}
+
+fn new_search_with(
+    store: Store,
+    run_id: i64,
+    cfg: RunConfig,
+    task: Task,
+    f: &RunFlags,
+    quiet: bool,
+    started: Option<(ksearch_eval::Pool, String)>,
+) -> Result<Search> {
+    let (pool, device) = match started {
+        Some(p) => p,
+        None => start_pool(&cfg)?,
+    };
     let kb = load_kb(cfg.kb_dir.as_deref());
     let profile = kb.as_ref().map(|k| {
         let (p, warn) = k.detect(&cfg.backend, &device);
@@ -655,6 +700,80 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
         None => println!("\n{src}"),
     }
     Ok(0)
+}
+
+/// `ksearch export <run> --mlx -o file.py`: the runtime of `python/ksearch_mlx/runtime.py`, the
+/// task and the best candidate as JSON, and the task's functions (`export_tail.py`), in one file
+/// that needs only MLX (and mlx-lm for `patch_mlx_lm`).
+fn export(g: &Global, run_id: i64, mlx: bool, output: &Path) -> Result<i32> {
+    if !mlx {
+        bail!("say what to export for: --mlx (the only target so far)");
+    }
+    let fc = file_config(g)?;
+    let store = open_store(g, &fc)?;
+    let row = store.run(run_id)?;
+    if !crate::driver::is_mlx(&row.backend) {
+        bail!(
+            "run {run_id} searched the {} back-end; --mlx exports runs of mlx-cuda or mlx-metal (ksearch run {} --backend mlx)",
+            row.backend,
+            row.task
+        );
+    }
+    let cfg: RunConfig = serde_json::from_value(row.config.clone()).context("run configuration unreadable")?;
+    let mut task = Task::load(&cfg.task_path).with_context(|| format!("task of run {run_id}"))?;
+    task.backends.retain(|b, _| *b == row.backend);
+    for b in task.backends.values_mut() {
+        b.kernels.clear();
+    }
+    let t = Tree::from_nodes(store.nodes(run_id)?);
+    let report: Option<Report> = row.report.clone().and_then(|v| serde_json::from_value(v).ok());
+    let node = report
+        .as_ref()
+        .and_then(|r| r.best_node)
+        .or_else(|| t.best().map(|b| b.id))
+        .and_then(|id| t.get(id))
+        .context("the run has no measured kernel yet")?;
+    let key = node.candidate.clone().context("best node has no candidate")?;
+    let (kernel, cand) = store.candidate(&key)?.context("candidate missing from the store")?;
+    let dir = crate::driver::mlx_package_dir()
+        .context("python/ksearch_mlx not found (run from the repository or set KSEARCH_MLX_PATH)")?;
+    let read = |f: &str| {
+        let p = dir.join("ksearch_mlx").join(f);
+        std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))
+    };
+    let (runtime, tail) = (read("runtime.py")?, read("export_tail.py")?);
+    let speedup = report.as_ref().and_then(|r| r.speedup).or(node.speedup);
+    let mut m = format!(
+        "# Generated by ksearch {} from run {run_id} ({} on {}, {}): best node {}, kernel `{kernel}`{}.\n\
+         # Self-contained: needs mlx (and mlx-lm for patch_mlx_lm). Change the search, not this file.\n",
+        env!("CARGO_PKG_VERSION"),
+        row.task,
+        row.backend,
+        row.device,
+        node.id,
+        speedup.map(|s| format!(", {s:.2}x the seed")).unwrap_or_default()
+    );
+    m.push_str(&runtime);
+    m.push_str("\n\n# ---- the search's result ----\nimport json as _json\n");
+    m.push_str(&format!("TASK = {}\n", py_json(&serde_json::to_value(&task)?)?));
+    m.push_str(&format!("CANDIDATE = {}\n", py_json(&serde_json::to_value(&cand)?)?));
+    m.push_str(&format!("BACKEND = {:?}\n\n", row.backend));
+    m.push_str(&tail);
+    std::fs::write(output, m).with_context(|| format!("cannot write {}", output.display()))?;
+    println!(
+        "run {run_id} · node {} · kernel {kernel} → {} (call {}(…); patch_mlx_lm() for the Mamba tasks)",
+        node.id,
+        output.display(),
+        row.task
+    );
+    Ok(0)
+}
+
+/// A JSON value as a Python expression: `_json.loads("…")` with the text as a Python string
+/// literal (JSON string escapes are valid Python string escapes).
+fn py_json(v: &serde_json::Value) -> Result<String> {
+    let text = serde_json::to_string(v)?;
+    Ok(format!("_json.loads({})", serde_json::to_string(&text)?))
 }
 
 #[allow(clippy::too_many_arguments)]

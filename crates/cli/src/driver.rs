@@ -55,6 +55,43 @@ pub fn mix(a: u64, b: u64) -> u64 {
 }
 
 /// Workers for `cfg`: one per device (CUDA) or one (CPU).
+/// `mlx-cuda` or `mlx-metal`: the back-ends served by the Python MLX worker.
+pub fn is_mlx(backend: &str) -> bool {
+    backend.starts_with("mlx")
+}
+
+/// Where the `ksearch_mlx` package lives: `$KSEARCH_MLX_PATH`, else a `python/` folder holding
+/// it in the current directory or beside (an ancestor of) the executable. `None`: rely on an
+/// installed package.
+pub fn mlx_package_dir() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("KSEARCH_MLX_PATH") {
+        return Some(PathBuf::from(p));
+    }
+    let has = |d: &std::path::Path| d.join("ksearch_mlx").join("worker.py").is_file();
+    let here = PathBuf::from("python");
+    if has(&here) {
+        return std::fs::canonicalize(&here).ok();
+    }
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors().skip(1).map(|a| a.join("python")).find(|p| has(p))
+}
+
+/// The interpreter (`$KSEARCH_PYTHON`, default `python3`) and environment of the MLX worker.
+pub fn mlx_worker_command() -> Result<(PathBuf, Vec<(String, String)>)> {
+    let python = std::env::var("KSEARCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut env = vec![("PYTHONUNBUFFERED".to_string(), "1".to_string())];
+    if let Some(dir) = mlx_package_dir() {
+        let mut path = dir.display().to_string();
+        if let Ok(old) = std::env::var("PYTHONPATH")
+            && !old.is_empty()
+        {
+            path = format!("{path}:{old}");
+        }
+        env.push(("PYTHONPATH".into(), path));
+    }
+    Ok((PathBuf::from(python), env))
+}
+
 pub fn make_pool(cfg: &RunConfig) -> Result<Pool> {
     let exe = std::env::current_exe().context("cannot find the ksearch executable")?;
     let limits = Limits {
@@ -68,6 +105,30 @@ pub fn make_pool(cfg: &RunConfig) -> Result<Pool> {
         cfg.devices.clone()
     };
     let mut workers = Vec::new();
+    if is_mlx(&cfg.backend) {
+        let (program, env) = mlx_worker_command()?;
+        for d in devices {
+            let args = vec![
+                "-m".to_string(),
+                "ksearch_mlx.worker".into(),
+                "--backend".into(),
+                cfg.backend.clone(),
+                "--device".into(),
+                d.to_string(),
+                "--cache".into(),
+                cfg.cache_dir.join(&cfg.backend).display().to_string(),
+            ];
+            workers.push(Supervisor::new(
+                WorkerSpec {
+                    program: program.clone(),
+                    args,
+                    env: env.clone(),
+                },
+                limits,
+            ));
+        }
+        return Ok(Pool::new(workers));
+    }
     for d in devices {
         let mut args = vec![
             "worker".to_string(),

@@ -256,6 +256,7 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
                 dynamic_shared_bytes: shared,
                 defines: defs,
                 block: None,
+                header: false,
             };
             let v = check(&kb, &src, lang, profile, &opts);
             let mut bad = rejected(&v);

@@ -128,6 +128,16 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Export a run's best kernel as a self-contained module for a framework.
+    Export {
+        run: i64,
+        /// A Python module of MLX functions (the run must be on an MLX back-end).
+        #[arg(long)]
+        mlx: bool,
+        /// Where to write the module.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Evaluate one kernel file against the task's seed.
     Bench {
         task: String,

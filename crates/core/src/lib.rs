@@ -3,6 +3,7 @@
 
 pub mod data;
 pub mod expr;
+pub mod mlx;
 pub mod policy;
 pub mod protocol;
 pub mod reference;

@@ -323,6 +323,10 @@ pub enum Reply {
         device: String,
         pid: u32,
         version: String,
+        /// Whether this worker can run candidate kernels at all (the MLX worker says `false`
+        /// when MLX has no GPU back-end here; `device` then says why). Absent: yes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kernels: Option<bool>,
     },
     /// A progress event for request `id` (the supervisor uses it to switch time-outs).
     Progress {

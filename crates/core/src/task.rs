@@ -100,6 +100,14 @@ pub struct LaunchSpec {
     /// Dynamic shared (threadgroup) memory bytes, an expression.
     #[serde(default = "zero")]
     pub shared: String,
+    /// MLX launches: the tensors this launch reads (task inputs, or scratch / outputs written by
+    /// an earlier launch). Empty: every task input.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+    /// MLX launches: the task outputs or scratch buffers this launch writes. Empty: every task
+    /// output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
 }
 
 fn one3() -> [String; 3] {
@@ -114,6 +122,9 @@ fn zero() -> String {
 pub struct ScratchSpec {
     pub name: String,
     pub bytes: String,
+    /// Element type where the back-end needs one (MLX scratch arrays); f32 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<DType>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -263,6 +274,54 @@ fn line_of(text: &str, needle: &str) -> usize {
 }
 
 /// A tensor's resolved shape for a workload.
+/// Launch wiring (MLX): what each launch reads must exist by then, every task output is
+/// written by exactly one launch, scratch is written before it is read.
+fn check_wiring(k: &KernelSpec, inputs: &[String], outputs: &[String]) -> Result<(), String> {
+    if k.launches.iter().all(|l| l.inputs.is_empty() && l.outputs.is_empty()) {
+        return Ok(());
+    }
+    let scratch: Vec<&str> = k.scratch.iter().map(|s| s.name.as_str()).collect();
+    let mut avail: Vec<String> = inputs.to_vec();
+    let mut written: Vec<String> = Vec::new();
+    for l in &k.launches {
+        let reads: Vec<String> = if l.inputs.is_empty() {
+            inputs.to_vec()
+        } else {
+            l.inputs.clone()
+        };
+        for r in &reads {
+            if !avail.contains(r) {
+                return Err(format!(
+                    "launch `{}` reads `{r}`, which is no task input and no earlier launch wrote",
+                    l.entry
+                ));
+            }
+        }
+        let writes: Vec<String> = if l.outputs.is_empty() {
+            outputs.to_vec()
+        } else {
+            l.outputs.clone()
+        };
+        for w in &writes {
+            if !outputs.contains(w) && !scratch.contains(&w.as_str()) {
+                return Err(format!(
+                    "launch `{}` writes `{w}`, which is no task output and no scratch buffer",
+                    l.entry
+                ));
+            }
+            if written.contains(w) {
+                return Err(format!("`{w}` is written by two launches"));
+            }
+            written.push(w.clone());
+            avail.push(w.clone());
+        }
+    }
+    if let Some(o) = outputs.iter().find(|o| !written.contains(o)) {
+        return Err(format!("no launch writes output `{o}`"));
+    }
+    Ok(())
+}
+
 pub fn shape_of(t: &TensorSpec, w: &Workload) -> Result<Vec<usize>, String> {
     t.shape
         .iter()
@@ -349,6 +408,8 @@ impl Task {
         let axes = self.axes.clone();
         let names: Vec<String> = self.inputs.iter().chain(&self.outputs).map(|t| t.name.clone()).collect();
         let outputs = self.outputs.clone();
+        let names_in: Vec<String> = self.inputs.iter().map(|t| t.name.clone()).collect();
+        let names_out: Vec<String> = self.outputs.iter().map(|t| t.name.clone()).collect();
         let tolerance = self.tolerance.clone();
         let dir = self.dir.clone();
         for (bname, b) in self.backends.iter_mut() {
@@ -399,6 +460,8 @@ impl Task {
                             grid: one3(),
                             block: one3(),
                             shared: zero(),
+                            inputs: vec![],
+                            outputs: vec![],
                         }),
                         None => return Err(inv(&at, format!("kernel `{}` needs `entry` or [[launches]]", k.name))),
                     }
@@ -406,6 +469,16 @@ impl Task {
                 let src = dir.join(&k.file);
                 k.source = std::fs::read_to_string(&src)
                     .map_err(|e| inv(&at, format!("kernel `{}`: cannot read {}: {e}", k.name, src.display())))?;
+                if crate::mlx::has_sections(&k.source) {
+                    for l in &k.launches {
+                        if crate::mlx::body_of(&k.source, &l.entry).is_none() {
+                            return Err(inv(
+                                &at,
+                                format!("kernel `{}`: {} has no `// @kernel {}` section", k.name, k.file, l.entry),
+                            ));
+                        }
+                    }
+                }
                 let mut tn = std::collections::BTreeSet::new();
                 for t in &k.tunables {
                     if t.values.is_empty() {
@@ -426,6 +499,7 @@ impl Task {
                         ));
                     }
                 }
+                check_wiring(k, &names_in, &names_out).map_err(|r| inv(&at, format!("kernel `{}`: {r}", k.name)))?;
                 // Every expression must parse and refer only to axes and tunables.
                 let mut exprs: Vec<&String> = k.constraints.iter().collect();
                 for l in &k.launches {

@@ -5,6 +5,7 @@
 pub mod common;
 pub mod cpu;
 pub mod cuda;
+pub mod mlx_cuda;
 pub mod supervisor;
 pub mod worker;
 

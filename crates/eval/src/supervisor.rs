@@ -54,6 +54,8 @@ pub struct Supervisor {
     pub starts: u32,
     pub device: String,
     pub backend: String,
+    /// What the worker's hello said about running kernels (`None`: it did not say).
+    pub kernels: Option<bool>,
 }
 
 fn rss_bytes(pid: u32) -> Option<u64> {
@@ -85,6 +87,7 @@ impl Supervisor {
             starts: 0,
             device: String::new(),
             backend: String::new(),
+            kernels: None,
         }
     }
 
@@ -144,9 +147,16 @@ impl Supervisor {
         loop {
             match w.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(l) => {
-                    if let Ok(Reply::Hello { backend, device, .. }) = serde_json::from_str::<Reply>(&l) {
+                    if let Ok(Reply::Hello {
+                        backend,
+                        device,
+                        kernels,
+                        ..
+                    }) = serde_json::from_str::<Reply>(&l)
+                    {
                         self.backend = backend;
                         self.device = device;
+                        self.kernels = kernels;
                         break;
                     }
                 }

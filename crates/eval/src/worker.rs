@@ -41,6 +41,7 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
         device: backend.device(),
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
+        kernels: None,
     };
     if !send(&mut out, &hello) {
         return 3;

@@ -115,6 +115,8 @@ pub struct CheckOptions {
     pub defines: BTreeMap<String, i64>,
     /// The launch's block / threadgroup size, when known.
     pub block: Option<[u64; 3]>,
+    /// Checking the header of a sectioned MLX file: body-only rules do not apply.
+    pub header: bool,
 }
 
 /// Check a candidate: the signature the search engine uses.
@@ -146,6 +148,19 @@ pub fn check_launch(kb: &Kb, profile: &Profile, lang: SourceLang, block: [u64; 3
 
 /// Run every rule that applies to `lang` on `profile`.
 pub fn check(kb: &Kb, src: &str, lang: SourceLang, profile: &Profile, opts: &CheckOptions) -> Vec<Violation> {
+    // A sectioned MLX file (`// @kernel <entry>`): every body is checked as a body, the header
+    // without the body-only rules; line numbers stay the file's own.
+    if lang.is_body() && !opts.header && ksearch_core::mlx::has_sections(src) {
+        let mut out = Vec::new();
+        for part in ksearch_core::mlx::split(src) {
+            let o = CheckOptions {
+                header: part.entry.is_none(),
+                ..opts.clone()
+            };
+            out.extend(check(kb, &part.masked, lang, profile, &o));
+        }
+        return out;
+    }
     let clean = strip_comments_and_strings(src);
     let env = constants(&clean, &opts.defines);
     let mut out = Vec::new();
@@ -176,6 +191,9 @@ fn run_rule(
     out: &mut Vec<Violation>,
 ) {
     let dynamic = opts.dynamic_shared_bytes.unwrap_or(0);
+    if opts.header && rule.kind.starts_with("mlx-") {
+        return;
+    }
     match rule.kind.as_str() {
         "threadgroup-limit" => {
             let limit = (profile.shared_per_block_kb * 1024.0) as u64;

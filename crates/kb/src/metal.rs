@@ -27,6 +27,8 @@ pub struct BodySig {
     pub template_params: Vec<(String, i64)>,
     pub atomic_outputs: bool,
     pub header: String,
+    /// Sectioned files (`// @kernel <entry>`): each launch's own inputs and outputs.
+    pub launches: Vec<ksearch_core::mlx::LaunchIo>,
 }
 
 /// A dtype name (`f32`, `float16`, `half`, ...) as a Metal type.
@@ -139,6 +141,37 @@ pub fn metal_syntax_check(src: &str, body: Option<&BodySig>) -> Result<(), Strin
         w(&shim_dir.join(f), "#include \"metal_stdlib.h\"\n")?;
     }
     let (text, name) = match body {
+        Some(sig) if ksearch_core::mlx::has_sections(src) => {
+            // One kernel per section, each with its launch's signature; the header once, in
+            // front of the first. Bodies keep the file's line numbers.
+            let parts = ksearch_core::mlx::split(src);
+            let header = parts
+                .iter()
+                .find(|p| p.entry.is_none())
+                .map(|p| p.text.clone())
+                .unwrap_or_default();
+            let mut text = String::new();
+            for (i, p) in parts.iter().filter(|p| p.entry.is_some()).enumerate() {
+                let entry = p.entry.as_deref().unwrap_or_default();
+                let mut s = sig.clone();
+                if let Some(l) = sig.launches.iter().find(|l| l.entry == entry) {
+                    s.inputs = l.inputs.clone();
+                    s.outputs = l.outputs.clone();
+                }
+                s.header = if i == 0 {
+                    format!("{}\n{}", sig.header, rewrite(&header))
+                } else {
+                    String::new()
+                };
+                let mut k = wrap_body(&rewrite(&p.masked), &s).replace("ksearch_body(", &format!("ksearch_{entry}("));
+                if i > 0 {
+                    // the includes and template constants are already there
+                    k = k.split_once("[[kernel]]").map(|(_, b)| format!("[[kernel]]{b}")).unwrap_or(k);
+                }
+                text.push_str(&k);
+            }
+            (text, "body.metal")
+        }
         Some(sig) => (wrap_body(&rewrite(src), sig), "body.metal"),
         None => (rewrite(src), "source.metal"),
     };
@@ -209,6 +242,9 @@ impl BodySig {
             }
             let kernels = std::iter::once(&b.seed).chain(b.kernels.iter());
             for k in kernels.filter(|k| kernel_file.is_none_or(|f| k.file == f)) {
+                if sig.launches.is_empty() {
+                    sig.launches = ksearch_core::mlx::launch_io(task, backend, k);
+                }
                 for (n, v) in k.default_config() {
                     if !sig.template_params.iter().any(|(m, _)| *m == n) {
                         sig.template_params.push((n, v));
