@@ -5,10 +5,17 @@
 #   1. cargo test: unit, property, snapshot and integration tests (the real binary, real
 #      compiler, real workers, real SQLite, local HTTP servers for the LLM paths);
 #   2. NVRTC compile check of every shipped CUDA kernel (pip's nvidia-cuda-nvrtc, no GPU);
-#   3. the Linux-side check of every Metal kernel source (rules + syntax with a shim header).
+#   3. the Linux-side check of every Metal kernel source (rules + syntax with a shim header);
+#   4. the MLX worker's own tests (python/tests, on MLX's CPU back-end).
+# The MLX worker runs from a virtual environment made by scripts/mlx-venv.sh (MLX's CPU
+# back-end); the Rust tests that drive it use it through KSEARCH_PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never INSTA_UPDATE=no
+
+echo "== MLX environment (CPU back-end) =="
+KSEARCH_PYTHON=$(bash scripts/mlx-venv.sh)
+export KSEARCH_PYTHON KSEARCH_REQUIRE_MLX=1
 
 echo "== cargo test =="
 cargo test --workspace --no-fail-fast
@@ -20,4 +27,7 @@ if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
     echo "== Metal sources: rules and syntax =="
     bash scripts/check-metal.sh
 fi
+echo "== MLX worker tests (pytest, MLX CPU back-end) =="
+(cd python && "$KSEARCH_PYTHON" -m pytest -q tests)
+
 echo "all checks passed"

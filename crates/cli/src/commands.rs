@@ -450,6 +450,15 @@ fn print_report(r: &Report) {
                     println!("held-out validation: FAILED: {}", h.message.clone().unwrap_or_default());
                 }
             }
+            if let Some(n) = &r.native {
+                match n.ratio {
+                    Some(x) => println!(
+                        "against {} on the search workloads: {x:.2}x (its time / the best kernel's; above 1 is faster)",
+                        n.name
+                    ),
+                    None => println!("{} could not be timed: {}", n.name, n.message.clone().unwrap_or_default()),
+                }
+            }
         }
         _ => println!("no candidate beat the seed with a valid result"),
     }

@@ -208,6 +208,21 @@ pub struct Report {
     pub workloads: Vec<String>,
     pub speedup: Option<f64>,
     pub heldout: Option<HeldOut>,
+    /// The back-end's native implementation (MLX: its own attention, mlx-lm's scan…) timed
+    /// on the search workloads right after the final re-timing.
+    #[serde(default)]
+    pub native: Option<Native>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Native {
+    /// What was timed (e.g. `mx.fast.scaled_dot_product_attention`).
+    pub name: String,
+    pub us: Vec<f64>,
+    /// Geometric mean of native time / best time: above 1, the searched kernel is faster.
+    pub ratio: Option<f64>,
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -806,6 +821,7 @@ impl Search {
             workloads: labels,
             speedup: None,
             heldout: None,
+            native: None,
         };
         for cand_node in ranked.iter().take(3) {
             let cand = self.load_candidate(cand_node)?;
@@ -886,6 +902,9 @@ impl Search {
                 cand_node.id
             ));
         }
+        if is_mlx(&self.cfg.backend) && !report.best_us.is_empty() {
+            report.native = Some(self.native_baseline(&seed_cand, &report.best_us)?);
+        }
         report.evaluations = self.store.count_evaluations(rid)?;
         let ok = report.heldout.as_ref().map(|h| h.passed).unwrap_or(false);
         let js = serde_json::to_value(&report)?;
@@ -894,6 +913,44 @@ impl Search {
             s.set_run_status(rid, if ok { "done" } else { "done_no_result" }, Some(stop_reason))
         })?;
         Ok(report)
+    }
+
+    /// Ask the worker to time the back-end's native implementation on fresh search inputs
+    /// (stored as a `baseline` evaluation) and compare it with the best kernel's times.
+    fn native_baseline(&mut self, seed: &Candidate, best_us: &[f64]) -> Result<Native> {
+        let req = self.request(seed, false, false);
+        let Some(w) = self.pool.workers.first_mut() else {
+            bail!("no worker");
+        };
+        let t = Instant::now();
+        let r = w.baseline(&req);
+        let secs = t.elapsed().as_secs_f64();
+        let (rid, round) = (self.run_id, self.round);
+        self.store
+            .atomic(|s| s.insert_evaluation(rid, None, None, round, "baseline", &r, secs).map(|_| ()))?;
+        let name = if r.resources.raw.is_empty() {
+            "native".to_string()
+        } else {
+            r.resources.raw.clone()
+        };
+        Ok(match medians(&r) {
+            Some(us) => {
+                let ratio = geomean(&us.iter().zip(best_us).map(|(n, b)| n / b).collect::<Vec<_>>());
+                self.log(&format!("native baseline {name}: {us:?} us, {ratio:.2}x of it"));
+                Native {
+                    name,
+                    us,
+                    ratio: Some(ratio),
+                    message: None,
+                }
+            }
+            None => Native {
+                name,
+                us: vec![],
+                ratio: None,
+                message: failure_of(&r).map(|f| format!("{}: {}", f.class, f.message)),
+            },
+        })
     }
 
     pub fn load_candidate(&self, n: &Node) -> Result<Candidate> {

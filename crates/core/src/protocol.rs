@@ -149,6 +149,11 @@ impl Default for TimingReq {
 pub enum Request {
     /// Compile, check against the reference and time `candidate` on every workload.
     Eval(Box<EvalRequest>),
+    /// Time the back-end's native implementation of the task (e.g. MLX's own attention) on
+    /// the request's workloads, with the same inputs, checks and timing; the candidate is
+    /// ignored. Answered with an `Eval` reply (`resources.raw` names the baseline), or `Error`
+    /// where the back-end has none.
+    Baseline(Box<EvalRequest>),
     /// Say who you are (device, versions); answered with a `Hello` reply.
     Hello,
     /// Exit cleanly.

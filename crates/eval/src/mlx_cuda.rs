@@ -1,7 +1,8 @@
 //! Compile checks of MLX CUDA-dialect bodies (`[backends.mlx-cuda]`) with NVRTC, no GPU and no
 //! MLX needed: each body is wrapped the way `mx.fast.cuda_kernel` wraps it (inputs as
 //! `const T*`, outputs as `T*`, template parameters as `constexpr int`, the header in front),
-//! minus MLX's own device headers, which shipped bodies must not rely on.
+//! minus MLX's own device headers and cooperative groups (pip's CUDA headers lack the CCCL
+//! parts they need), which shipped bodies must not rely on.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +16,7 @@ pub fn cuda_type(dtype: &str) -> &'static str {
         "f16" => "__half",
         "bf16" => "__nv_bfloat16",
         "f64" => "double",
-        "i32" => "int32_t",
+        "i32" => "int",
         _ => "float",
     }
 }
@@ -31,16 +32,16 @@ pub fn wrap(
     constants: &BTreeMap<String, f64>,
 ) -> String {
     let mut s = String::from(
-        "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cooperative_groups.h>\n#include <cstdint>\n\
+        "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n\
          #define inf (__int_as_float(0x7f800000))\n\
-         struct KsShape { int32_t d[10]; __device__ int32_t operator[](int i) const { return d[i]; } };\n\
-         struct KsStrides { int64_t d[10]; __device__ int64_t operator[](int i) const { return d[i]; } };\n",
+         struct KsShape { int d[10]; __device__ int operator[](int i) const { return d[i]; } };\n\
+         struct KsStrides { long long d[10]; __device__ long long operator[](int i) const { return d[i]; } };\n",
     );
     for (k, v) in constants {
         s.push_str(&format!("constexpr float KS_{} = {v:?}f;\n", k.to_uppercase()));
     }
     s.push_str(header);
-    s.push_str("\nnamespace mlx { namespace core { namespace cu {\nnamespace cg = cooperative_groups;\n");
+    s.push_str("\nnamespace mlx { namespace core { namespace cu {\n");
     let mut params = Vec::new();
     for (n, d) in &sig.inputs {
         params.push(format!("const {}* {n}", cuda_type(d)));

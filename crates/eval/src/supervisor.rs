@@ -197,6 +197,16 @@ impl Supervisor {
     /// dies, hangs or grows past the memory limit yields a classified failure, and the next
     /// call starts a fresh worker.
     pub fn eval(&mut self, req: &EvalRequest) -> EvalReply {
+        self.exchange(Request::Eval(Box::new(req.clone())), req)
+    }
+
+    /// Time the back-end's native implementation on `req`'s workloads (see
+    /// `Request::Baseline`), with the same limits and failure handling as `eval`.
+    pub fn baseline(&mut self, req: &EvalRequest) -> EvalReply {
+        self.exchange(Request::Baseline(Box::new(req.clone())), req)
+    }
+
+    fn exchange(&mut self, msg: Request, req: &EvalRequest) -> EvalReply {
         // A worker that exited on its own (e.g. after a device fault) is replaced first.
         if let Some(w) = self.worker.as_mut()
             && matches!(w.child.try_wait(), Ok(Some(_)))
@@ -206,7 +216,7 @@ impl Supervisor {
         if let Err(e) = self.start() {
             return EvalReply::failed(req.id, FailureClass::Infra, e);
         }
-        let line = match serde_json::to_string(&Request::Eval(Box::new(req.clone()))) {
+        let line = match serde_json::to_string(&msg) {
             Ok(l) => l,
             Err(e) => return EvalReply::failed(req.id, FailureClass::Infra, format!("cannot encode request: {e}")),
         };

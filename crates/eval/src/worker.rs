@@ -69,6 +69,14 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
             Request::Hello => {
                 send(&mut out, &hello);
             }
+            Request::Baseline(_) => {
+                send(
+                    &mut out,
+                    &Reply::Error {
+                        message: format!("the {} back-end has no native baseline", backend.name()),
+                    },
+                );
+            }
             Request::Eval(req) => {
                 let id = req.id;
                 let reply = {

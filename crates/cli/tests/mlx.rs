@@ -1,0 +1,359 @@
+//! The MLX back-end from the Rust side, with the real Python worker (`python/ksearch_mlx`) on
+//! MLX's CPU back-end: the worker's references against the host f64 references on the inputs
+//! it drew, the clear refusal when MLX cannot run custom kernels, and `ksearch export --mlx`.
+//! `KSEARCH_PYTHON` names an interpreter with MLX (scripts/mlx-venv.sh makes one); without one
+//! the tests skip, unless `KSEARCH_REQUIRE_MLX=1` (as in scripts/test.sh), where they fail.
+
+use assert_cmd::Command;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+
+use ksearch_core::protocol::Candidate;
+use ksearch_core::task::{Task, Workload};
+use ksearch_core::tree::{Action, Assessment, Node, NodeStatus};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .to_path_buf()
+}
+
+/// An interpreter that imports MLX, or `None` (skip) when none is configured and none is required.
+fn python() -> Option<String> {
+    let py = std::env::var("KSEARCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&py)
+        .args(["-c", "import mlx.core"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        return Some(py);
+    }
+    if std::env::var("KSEARCH_REQUIRE_MLX").as_deref() == Ok("1") {
+        panic!("KSEARCH_REQUIRE_MLX=1 but `{py}` cannot import mlx (run scripts/mlx-venv.sh)");
+    }
+    eprintln!("skipping: `{py}` has no MLX (set KSEARCH_PYTHON)");
+    None
+}
+
+/// Can MLX run CUDA custom kernels with this interpreter (i.e. are we on the GPU machine)?
+fn mlx_has_cuda(py: &str) -> bool {
+    std::process::Command::new(py)
+        .args([
+            "-c",
+            "import mlx.core as mx, sys; sys.exit(0 if hasattr(mx, 'cuda') and mx.cuda.is_available() else 1)",
+        ])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn task(name: &str) -> Task {
+    Task::load(&repo().join("tasks").join(name).join("task.toml")).unwrap()
+}
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    out: BufReader<ChildStdout>,
+}
+
+impl Worker {
+    fn start(py: &str, backend: &str) -> Worker {
+        let mut child = std::process::Command::new(py)
+            .args(["-m", "ksearch_mlx.worker", "--backend", backend])
+            .env("PYTHONPATH", repo().join("python"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Worker { child, stdin, out }
+    }
+    fn line(&mut self) -> serde_json::Value {
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("unreadable worker line {l:?}: {e}"))
+    }
+    /// Send one request and return the first non-progress reply.
+    fn ask(&mut self, req: &serde_json::Value) -> serde_json::Value {
+        writeln!(self.stdin, "{req}").unwrap();
+        self.stdin.flush().unwrap();
+        loop {
+            let r = self.line();
+            if r["reply"] != "progress" {
+                return r;
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", serde_json::json!({"op": "shutdown"}));
+        let _ = self.child.wait();
+    }
+}
+
+fn floats(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+fn workload(pairs: &[(&str, i64)]) -> Workload {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+#[test]
+fn mlx_references_match_the_host_f64_references_on_the_inputs_the_worker_drew() {
+    let Some(py) = python() else { return };
+    let mut w = Worker::start(&py, "mlx-cuda");
+    let hello = w.line();
+    assert_eq!(hello["reply"], "hello", "{hello}");
+    assert_eq!(hello["backend"], "mlx-cuda");
+    let cases: Vec<(&str, Workload)> = vec![
+        ("softmax", workload(&[("rows", 5), ("cols", 33)])),
+        ("rmsnorm", workload(&[("rows", 4), ("cols", 40)])),
+        (
+            "attention",
+            workload(&[("B", 1), ("H", 2), ("L", 9), ("D", 8), ("causal", 0)]),
+        ),
+        (
+            "attention",
+            workload(&[("B", 2), ("H", 1), ("L", 7), ("D", 16), ("causal", 1)]),
+        ),
+        ("mamba_scan", workload(&[("batch", 2), ("L", 37), ("D", 6), ("N", 4)])),
+        ("mamba_step", workload(&[("batch", 3), ("D", 5), ("N", 4)])),
+    ];
+    for (i, (name, axes)) in cases.iter().enumerate() {
+        let t = task(name);
+        let req = |seed: u64| {
+            serde_json::json!({"op": "reference", "id": i, "task": t, "backend": "mlx-cuda",
+                "workload": {"label": "small", "axes": axes, "seed": seed}})
+        };
+        let r = w.ask(&req(1234 + i as u64));
+        assert_eq!(r["reply"], "reference", "{name}: {r}");
+        // The inputs the worker drew: right sizes, inside their distributions' supports, and
+        // a function of the seed alone.
+        let mut ins: Vec<Vec<f64>> = Vec::new();
+        for spec in &t.inputs {
+            let v = floats(&r["inputs"][&spec.name]);
+            let n: usize = ksearch_core::task::shape_of(spec, axes).unwrap().iter().product();
+            assert_eq!(v.len(), n, "{name}.{}", spec.name);
+            if let ksearch_core::task::Init::Uniform { lo, hi } = spec.init {
+                let tol = 1e-3 * (hi - lo).abs().max(1.0);
+                assert!(
+                    v.iter().all(|x| *x >= lo - tol && *x <= hi + tol),
+                    "{name}.{} outside [{lo}, {hi}]",
+                    spec.name
+                );
+            }
+            assert!(v.iter().any(|x| *x != v[0]), "{name}.{} is constant", spec.name);
+            ins.push(v);
+        }
+        let again = w.ask(&req(1234 + i as u64));
+        assert_eq!(again["inputs"], r["inputs"], "{name}: same seed, other inputs");
+        let other = w.ask(&req(99));
+        assert_ne!(other["inputs"], r["inputs"], "{name}: other seed, same inputs");
+        // The host reference on exactly those inputs.
+        let f = ksearch_core::reference::lookup(&t.reference).unwrap();
+        let host = f(&ksearch_core::reference::RefArgs {
+            axes,
+            constants: &t.constants,
+            inputs: ins.iter().map(|v| v.as_slice()).collect(),
+        });
+        for (spec, h) in t.outputs.iter().zip(&host) {
+            let m = floats(&r["outputs"][&spec.name]);
+            assert_eq!(m.len(), h.len(), "{name}.{}", spec.name);
+            let tol = t.tolerance[&ksearch_core::DType::F32];
+            for (j, (a, b)) in m.iter().zip(h).enumerate() {
+                assert!(
+                    (a - b).abs() <= tol.atol + tol.rtol * b.abs(),
+                    "{name}.{}[{j}]: MLX f32 reference {a} vs host f64 {b}",
+                    spec.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_run_on_mlx_without_a_gpu_back_end_is_refused_with_the_reason_and_records_nothing() {
+    let Some(py) = python() else { return };
+    if mlx_has_cuda(&py) {
+        eprintln!("skipping: MLX has a CUDA back-end here");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("s.db");
+    let o = Command::cargo_bin("ksearch")
+        .unwrap()
+        .current_dir(repo())
+        .env("KSEARCH_PYTHON", &py)
+        .args([
+            "--store",
+            store.to_str().unwrap(),
+            "--quiet",
+            "run",
+            "softmax",
+            "--backend",
+            "mlx",
+            "--rounds",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("cannot run kernels here") && err.contains("no CUDA back-end"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    let runs = Command::cargo_bin("ksearch")
+        .unwrap()
+        .current_dir(repo())
+        .args(["--store", store.to_str().unwrap(), "runs"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&runs.stdout).contains("no runs yet"),
+        "a run was recorded"
+    );
+}
+
+#[test]
+fn an_eval_on_the_cpu_back_end_fails_as_infra_and_the_worker_keeps_serving() {
+    let Some(py) = python() else { return };
+    if mlx_has_cuda(&py) {
+        return;
+    }
+    let t = task("softmax");
+    let k = &t.backend("mlx-cuda").expect("softmax has an mlx-cuda section").seed;
+    let cand = Candidate {
+        lang: ksearch_core::Lang::MlxCuda,
+        source: k.source.clone(),
+        launches: k.launches.clone(),
+        scratch: k.scratch.clone(),
+        defines: k.default_config(),
+        options: BTreeMap::new(),
+    };
+    let mut w = Worker::start(&py, "mlx-cuda");
+    let hello = w.line();
+    assert_eq!(hello["kernels"], false, "{hello}");
+    for id in 0..2 {
+        let r = w.ask(
+            &serde_json::json!({"op": "eval", "id": id, "task": t, "backend": "mlx-cuda", "candidate": cand,
+            "workloads": [{"label": "w", "axes": {"rows": 4, "cols": 64}, "seed": 5}],
+            "timing": {"warmup": 1, "min_reps": 1, "max_reps": 2, "target_ms": 1.0, "flush": false}}),
+        );
+        assert_eq!(r["reply"], "eval", "{r}");
+        assert_eq!(r["id"], id);
+        assert_eq!(r["failure"]["class"], "infra", "{r}");
+        assert!(r["failure"]["message"].as_str().unwrap().contains("no CUDA back-end"), "{r}");
+    }
+}
+
+#[test]
+fn the_worker_subcommand_points_to_the_python_worker() {
+    let o = Command::cargo_bin("ksearch")
+        .unwrap()
+        .args(["worker", "--backend", "mlx-cuda"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("ksearch_mlx.worker"));
+}
+
+/// A run of the MLX scan as a search would leave it (the store API, since MLX cannot run
+/// kernels on this machine), exported and loaded by Python: the module carries the kernel,
+/// the task and the runtime, and plans the launches for a new shape.
+#[test]
+fn export_writes_a_self_contained_module_of_the_best_kernel() {
+    let Some(py) = python() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("s.db");
+    let t = task("mamba_scan");
+    let b = t.backend("mlx-cuda").expect("mamba_scan has an mlx-cuda section");
+    let k = b.kernels.first().unwrap_or(&b.seed);
+    let cand = Candidate {
+        lang: ksearch_core::Lang::MlxCuda,
+        source: k.source.clone(),
+        launches: k.launches.clone(),
+        scratch: k.scratch.clone(),
+        defines: k.default_config(),
+        options: BTreeMap::new(),
+    };
+    {
+        let store = ksearch_store::Store::open(&db).unwrap();
+        let cfg = serde_json::json!({
+            "task": "mamba_scan", "task_path": repo().join("tasks/mamba_scan/task.toml"), "backend": "mlx-cuda",
+            "planner": "offline", "rounds": 1, "patience": 1, "seed": 1, "context": "full", "workers": 1,
+            "devices": [0], "compile_timeout_s": 60.0, "run_timeout_s": 60.0, "mem_limit_bytes": 1u64 << 30,
+            "timing": {"warmup": 1, "min_reps": 1, "max_reps": 1, "target_ms": 1.0, "flush": false},
+            "kb_dir": null, "cache_dir": d.path()
+        });
+        let run = store
+            .create_run("mamba_scan", "mlx-cuda", "offline", 1, "test", &cfg)
+            .unwrap();
+        let key = store.put_candidate(&k.name, &cand).unwrap();
+        let mut n = Node::new(1, None, Action::Seed, None, Assessment::default(), 0);
+        n.status = NodeStatus::Solved;
+        n.candidate = Some(key);
+        n.speedup = Some(1.0);
+        store.insert_node(run, &n).unwrap();
+    }
+    let out = d.path().join("scan_mlx.py");
+    let o = Command::cargo_bin("ksearch")
+        .unwrap()
+        .current_dir(repo())
+        .args([
+            "--store",
+            db.to_str().unwrap(),
+            "export",
+            "1",
+            "--mlx",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.starts_with("# Generated by ksearch") && text.contains("from run 1 "),
+        "no provenance header"
+    );
+    // Loadable on its own (no ksearch_mlx on the path), with the kernel and task inside.
+    let script = format!(
+        "import importlib.util, sys\n\
+         spec = importlib.util.spec_from_file_location('scan_mlx', {out:?})\n\
+         m = importlib.util.module_from_spec(spec); sys.modules['scan_mlx'] = m; spec.loader.exec_module(m)\n\
+         assert 'ksearch_mlx' not in sys.modules\n\
+         assert m.TASK['name'] == 'mamba_scan' and m.BACKEND == 'mlx-cuda'\n\
+         assert callable(m.mamba_scan) and callable(m.patch_mlx_lm)\n\
+         import json; print(json.dumps(m.CANDIDATE))\n",
+        out = out.display().to_string(),
+    );
+    let p = std::process::Command::new(&py)
+        .arg("-c")
+        .arg(&script)
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let back: Candidate = serde_json::from_slice(&p.stdout).unwrap();
+    assert_eq!(back, cand, "the exported candidate differs from the stored one");
+    // A run on another back-end is not exported for MLX.
+    let o = Command::cargo_bin("ksearch")
+        .unwrap()
+        .args(["--store", db.to_str().unwrap(), "export", "1", "-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}
