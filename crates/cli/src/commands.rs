@@ -453,8 +453,9 @@ fn print_report(r: &Report) {
             if let Some(n) = &r.native {
                 match n.ratio {
                     Some(x) => println!(
-                        "against {} on the search workloads: {x:.2}x (its time / the best kernel's; above 1 is faster)",
-                        n.name
+                        "against {} on the search workloads: {x:.2}x (its time / the best kernel's; above 1 is faster){}",
+                        n.name,
+                        n.message.as_ref().map(|m| format!("; note: {m}")).unwrap_or_default()
                     ),
                     None => println!("{} could not be timed: {}", n.name, n.message.clone().unwrap_or_default()),
                 }
@@ -730,10 +731,6 @@ fn export(g: &Global, run_id: i64, mlx: bool, output: &Path) -> Result<i32> {
     }
     let cfg: RunConfig = serde_json::from_value(row.config.clone()).context("run configuration unreadable")?;
     let mut task = Task::load(&cfg.task_path).with_context(|| format!("task of run {run_id}"))?;
-    task.backends.retain(|b, _| *b == row.backend);
-    for b in task.backends.values_mut() {
-        b.kernels.clear();
-    }
     let t = Tree::from_nodes(store.nodes(run_id)?);
     let report: Option<Report> = row.report.clone().and_then(|v| serde_json::from_value(v).ok());
     let node = report
@@ -744,6 +741,18 @@ fn export(g: &Global, run_id: i64, mlx: bool, output: &Path) -> Result<i32> {
         .context("the run has no measured kernel yet")?;
     let key = node.candidate.clone().context("best node has no candidate")?;
     let (kernel, cand) = store.candidate(&key)?.context("candidate missing from the store")?;
+    // The kernel's constraints travel with it, so the exported function refuses shapes the
+    // specialised kernel cannot handle; the task keeps only this back-end, without its kernels.
+    let constraints = task
+        .kernel(&row.backend, &kernel)
+        .map(|k| k.constraints.clone())
+        .unwrap_or_default();
+    task.backends.retain(|b, _| *b == row.backend);
+    for b in task.backends.values_mut() {
+        b.kernels.clear();
+    }
+    let mut cand_json = serde_json::to_value(&cand)?;
+    cand_json["constraints"] = serde_json::json!(constraints);
     let dir = crate::driver::mlx_package_dir()
         .context("python/ksearch_mlx not found (run from the repository or set KSEARCH_MLX_PATH)")?;
     let read = |f: &str| {
@@ -765,7 +774,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, output: &Path) -> Result<i32> {
     m.push_str(&runtime);
     m.push_str("\n\n# ---- the search's result ----\nimport json as _json\n");
     m.push_str(&format!("TASK = {}\n", py_json(&serde_json::to_value(&task)?)?));
-    m.push_str(&format!("CANDIDATE = {}\n", py_json(&serde_json::to_value(&cand)?)?));
+    m.push_str(&format!("CANDIDATE = {}\n", py_json(&cand_json)?));
     m.push_str(&format!("BACKEND = {:?}\n\n", row.backend));
     m.push_str(&tail);
     std::fs::write(output, m).with_context(|| format!("cannot write {}", output.display()))?;

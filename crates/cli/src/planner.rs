@@ -276,7 +276,14 @@ impl Planner for Offline {
         let Some((kernel, config)) = node.action.config() else {
             return Ok(edits);
         };
-        let not_worse = matches!((o.failure, o.speedup), (None, Some(s)) if s >= 0.9 * o.parent_speedup.unwrap_or(1.0));
+        // A knowledge-base kernel adopted at its default configuration gets tuned unless it is
+        // far behind (its defaults may suit another device); a tunable step must not regress.
+        let keep = if matches!(node.action, Action::Adopt { .. }) {
+            0.5
+        } else {
+            0.9
+        };
+        let not_worse = matches!((o.failure, o.speedup), (None, Some(s)) if s >= keep * o.parent_speedup.unwrap_or(1.0));
         if !not_worse {
             return Ok(edits);
         }
@@ -363,5 +370,62 @@ pub fn validate_edit(tree: &Tree, e: &TreeEdit) -> std::result::Result<(), Strin
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn softmax() -> Task {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/softmax/task.toml");
+        Task::load(&p).unwrap()
+    }
+
+    /// Tunable follow-ups after a measurement at `speedup` (the parent is the seed, 1.0x).
+    fn follow_ups(action: Action, speedup: f64) -> usize {
+        let task = softmax();
+        let tree = Tree::default();
+        let ctx = Ctx {
+            task: &task,
+            backend: "cpu",
+            kb: None,
+            tree: &tree,
+            round: 1,
+            run_id: 1,
+            store: None,
+            profile: None,
+        };
+        let node = Node::new(2, Some(1), action, None, Assessment::default(), 1);
+        let reply = EvalReply::default();
+        let o = Outcome {
+            reply: &reply,
+            failure: None,
+            speedup: Some(speedup),
+            parent_speedup: Some(1.0),
+            roofline_fraction: None,
+        };
+        let edits = Offline::default().update(&ctx, &node, &o).unwrap();
+        edits.iter().filter(|e| matches!(e, TreeEdit::Insert(_))).count()
+    }
+
+    #[test]
+    fn an_adopted_kernel_behind_the_seed_is_still_tuned_but_a_regressing_step_is_not() {
+        let k = softmax().kernel("cpu", "rows_simd").unwrap().clone();
+        let cfg = k.default_config();
+        let adopt = || Action::Adopt {
+            kernel: k.name.clone(),
+            config: cfg.clone(),
+        };
+        assert!(follow_ups(adopt(), 0.8) > 0, "defaults 20% behind the seed: tune them");
+        assert_eq!(follow_ups(adopt(), 0.3), 0, "far behind: not worth tuning");
+        let step = Action::SetTunable {
+            kernel: k.name.clone(),
+            name: "VEC".into(),
+            from: 8,
+            to: 16,
+            config: cfg.clone(),
+        };
+        assert_eq!(follow_ups(step, 0.8), 0, "a tunable step that regressed is a dead end");
     }
 }

@@ -234,6 +234,12 @@ impl BodySig {
         let mut sig = BodySig {
             inputs: task.inputs.iter().map(|t| (t.name.clone(), dt(t))).collect(),
             outputs: task.outputs.iter().map(|t| (t.name.clone(), dt(t))).collect(),
+            // the task's constants, as the MLX worker puts them in front of the header
+            header: task
+                .constants
+                .iter()
+                .map(|(k, v)| format!("constant float KS_{} = {v:?}f;\n", k.to_uppercase()))
+                .collect(),
             ..Default::default()
         };
         if let Some(b) = task.backend(backend) {

@@ -1,0 +1,371 @@
+# ---- ksearch export: the task function and the mlx-lm patch -----------------------------------
+#
+# `ksearch export <run> --mlx` appends this file after the runtime (`ksearch_mlx/runtime.py`) and
+# three generated lines that define TASK (the task as JSON), CANDIDATE (the best kernel) and
+# BACKEND ("mlx-cuda" or "mlx-metal"). With those globals present it defines:
+#
+#   KERNEL          CompiledCandidate(CANDIDATE, TASK, BACKEND), built on first use (None before);
+#                   assign any callable (inputs, axes) -> {output: array} to replace it.
+#   <task name>(…)  e.g. mamba_scan(u, delta, A, Bm, Cm, Dv) -> (y, state): the task's inputs in
+#                   order; axes come from the argument shapes, axes in no shape (attention's
+#                   `causal`) from keyword arguments; arguments are cast to the kernel's dtypes.
+#   run(**named)    the same, by name; returns {output name: array}.
+#   patch_mlx_lm(scan=None, step=None) -> unpatch   (mamba_scan / mamba_step modules only)
+#
+# Imported on its own (no CANDIDATE), it only defines the helpers, which the tests use with a fake
+# TASK and kernel. Private names start with `_tail_` so that they cannot clash with the runtime's.
+
+import inspect as _tail_inspect
+import re as _tail_re
+
+import mlx.core as mx
+
+_TAIL_DTYPES = {
+    "f32": mx.float32,
+    "f16": mx.float16,
+    "bf16": mx.bfloat16,
+    "i32": mx.int32,
+    "f64": getattr(mx, "float64", mx.float32),
+}
+
+# Axes that appear in no input shape get these defaults when the caller leaves them out.
+_TAIL_AXIS_DEFAULTS = {"causal": False}
+
+
+def _tail_dtype(name):
+    try:
+        return _TAIL_DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype `{name}`") from None
+
+
+def expected_dtypes(task, backend):
+    """{tensor name: mx dtype} the kernel reads and writes on `backend`: the back-end's `dtypes`
+    override where it has one, else the declared dtype."""
+    backends = task.get("backends") or {}
+    spec = backends.get(backend) if isinstance(backends, dict) else None
+    over = (spec or {}).get("dtypes") or {}
+    out = {}
+    for t in list(task.get("inputs", [])) + list(task.get("outputs", [])):
+        out[t["name"]] = _tail_dtype(over.get(t["name"], t["dtype"]))
+    return out
+
+
+# ---- expressions (shape entries such as "N * 2", kernel constraints) -------------------------------
+def _tail_eval(expr, env):
+    """A ksearch expression over `env`, with the runtime's `eval_expr` (the same grammar and
+    integer semantics as the Rust side): the exported module's own copy, else the package's."""
+    f = globals().get("eval_expr")
+    if f is None:
+        from ksearch_mlx.runtime import eval_expr as f
+    return int(f(str(expr), env))
+
+
+def _tail_defines(candidate):
+    """The candidate's defines as {name: int}, from a dict, [[name, value]] or ["NAME=VALUE"]."""
+    d = (candidate or {}).get("defines") or {}
+    if isinstance(d, dict):
+        items = d.items()
+    else:
+        items = []
+        for e in d:
+            if isinstance(e, str) and "=" in e:
+                k, v = e.split("=", 1)
+                items.append((k.strip(), v.strip()))
+            elif isinstance(e, (list, tuple)) and len(e) == 2:
+                items.append((e[0], e[1]))
+    out = {}
+    for k, v in items:
+        try:
+            out[str(k)] = int(v)
+        except (TypeError, ValueError):
+            pass
+    return out
+
+
+# ---- axes from shapes -------------------------------------------------------------------------------
+def _tail_int_axis(name, v):
+    if isinstance(v, (bool, int)):
+        return int(v)
+    if isinstance(v, mx.array) and v.size == 1:
+        return int(v.item())
+    if hasattr(v, "__index__"):  # numpy integers
+        return int(v.__index__())
+    raise TypeError(f"axis `{name}` must be an int, got {type(v).__name__}")
+
+
+def axes_from_shapes(task, arrays, given=None):
+    """Every axis of `task` (in the task's order): bound from the shapes of `arrays`
+    ({input name: array}) against the inputs' shape specs, the rest from `given`.
+    Raises ValueError on a rank or size mismatch, TypeError on a missing axis or input."""
+    task_axes = list(task["axes"])
+    axes = {}
+    for k, v in (given or {}).items():
+        if k not in task_axes:
+            raise TypeError(f"`{k}` is no axis of task `{task.get('name')}` (axes: {task_axes})")
+        axes[k] = _tail_int_axis(k, v)
+    pending = []
+    for spec in task["inputs"]:
+        name = spec["name"]
+        if name not in arrays:
+            raise TypeError(f"missing input `{name}`")
+        shape = tuple(arrays[name].shape)
+        want = [str(s).strip() for s in spec["shape"]]
+        if len(shape) != len(want):
+            raise ValueError(
+                f"input `{name}`: expected {len(want)} dimensions [{', '.join(want)}], got shape {shape}"
+            )
+        for i, (s, dim) in enumerate(zip(want, shape)):
+            if _tail_re.fullmatch(r"[0-9]+", s):
+                if int(s) != dim:
+                    raise ValueError(f"input `{name}` dimension {i}: expected {s}, got {dim} (shape {shape})")
+            elif s.isidentifier():
+                if s not in task_axes:
+                    raise ValueError(f"input `{name}`: `{s}` in its shape is no axis of the task")
+                if s in axes and axes[s] != dim:
+                    raise ValueError(
+                        f"input `{name}` dimension {i}: axis `{s}` is {axes[s]} elsewhere, {dim} here (shape {shape})"
+                    )
+                axes[s] = dim
+            else:
+                pending.append((name, i, s, dim, shape))
+    missing = [a for a in task_axes if a not in axes]
+    if missing:
+        raise TypeError(f"axes {missing} appear in no input shape: pass them as keyword arguments")
+    for name, i, s, dim, shape in pending:
+        if _tail_eval(s, axes) != dim:
+            raise ValueError(f"input `{name}` dimension {i}: expected `{s}` = {_tail_eval(s, axes)}, got {dim} (shape {shape})")
+    return {a: axes[a] for a in task_axes}
+
+
+def _tail_check_constraints(candidate, axes):
+    """The exported kernel was specialised by its defines (e.g. HD = 128): refuse shapes its
+    constraints exclude rather than compute garbage. Needs CANDIDATE["constraints"]; skipped
+    when the export does not carry them."""
+    cons = (candidate or {}).get("constraints") or []
+    if not cons:
+        return
+    env = dict(_tail_defines(candidate))
+    env.update(axes)
+    for c in cons:
+        try:
+            ok = _tail_eval(c, env)
+        except ValueError:
+            continue
+        if not ok:
+            shown = ", ".join(f"{k}={v}" for k, v in env.items())
+            raise ValueError(f"the exported kernel does not support this workload: `{c}` fails for {shown}")
+
+
+def make_entry(task, backend, get_kernel, candidate=None):
+    """The task function: inputs positionally or by name, extra axes as keywords; returns the
+    outputs (a tuple when the task has several). `get_kernel()` returns the callable
+    (inputs, axes) -> {output: array}."""
+    in_names = [t["name"] for t in task["inputs"]]
+    out_names = [t["name"] for t in task["outputs"]]
+    in_shapes = set()
+    for t in task["inputs"]:
+        for s in t["shape"]:
+            in_shapes.update(_tail_re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(s)))
+    extra = [a for a in task["axes"] if a not in in_shapes]
+    dtypes = expected_dtypes(task, backend)
+
+    in_set, axis_set = set(in_names), set(task["axes"])
+    known = {}  # (input shapes, given axes) -> axes: decode calls the same shapes every step
+
+    def call_named(named):
+        arrays = {}
+        given = {}
+        for k, v in named.items():
+            if k in in_set:
+                arrays[k] = v if isinstance(v, mx.array) else mx.array(v)
+            elif k in axis_set:
+                if v is not None:
+                    given[k] = _tail_int_axis(k, v)
+            else:
+                raise TypeError(f"{task['name']}() got an unexpected argument `{k}`")
+        for a in extra:
+            if a not in given and a in _TAIL_AXIS_DEFAULTS:
+                given[a] = int(_TAIL_AXIS_DEFAULTS[a])
+        key = (tuple(tuple(arrays[n].shape) if n in arrays else None for n in in_names), tuple(sorted(given.items())))
+        axes = known.get(key)
+        if axes is None:
+            axes = axes_from_shapes(task, arrays, given)
+            _tail_check_constraints(candidate, axes)
+            if len(known) > 4096:
+                known.clear()
+            known[key] = axes
+        inputs = {}
+        for n in in_names:
+            a = arrays[n]
+            inputs[n] = a if a.dtype == dtypes[n] else a.astype(dtypes[n])
+        return get_kernel()(inputs, dict(axes))
+
+    P = _tail_inspect.Parameter
+    params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in in_names]
+    for a in extra:
+        if a in _TAIL_AXIS_DEFAULTS:
+            params.append(P(a, P.POSITIONAL_OR_KEYWORD, default=_TAIL_AXIS_DEFAULTS[a]))
+    params += [P(a, P.KEYWORD_ONLY) for a in extra if a not in _TAIL_AXIS_DEFAULTS]
+    sig = _tail_inspect.Signature(params)
+
+    n_in = len(in_names)
+
+    def entry(*args, **kwargs):
+        if not kwargs and len(args) == n_in:  # the common call, without inspect's binding
+            named = dict(zip(in_names, args))
+        else:
+            named = dict(sig.bind(*args, **kwargs).arguments)
+        out = call_named(named)
+        res = tuple(out[o] for o in out_names)
+        return res[0] if len(res) == 1 else res
+
+    def run_named(**named):
+        out = call_named(named)
+        return {o: out[o] for o in out_names}
+
+    entry.__name__ = entry.__qualname__ = task["name"]
+    entry.__signature__ = sig
+    shown_inputs = ", ".join("%s[%s]" % (t["name"], ", ".join(map(str, t["shape"]))) for t in task["inputs"])
+    entry.__doc__ = (
+        "%s\n\nInputs: %s; outputs: %s. Axes are read from the shapes%s"
+        % (task.get("description", task["name"]), shown_inputs, ", ".join(out_names),
+           ("; %s by keyword." % ", ".join(extra)) if extra else ".")
+    )
+    run_named.__name__ = run_named.__qualname__ = "run"
+    run_named.__doc__ = f"{task['name']} by name: run(**inputs and axes) -> {{output: array}}."
+    return entry, run_named
+
+
+# ---- mlx-lm Mamba patch ---------------------------------------------------------------------------
+def _tail_project(block, x):
+    """x_proj, split, optional B/C/dt RMS norm and dt_proj + softplus, as mlx-lm's ssm_step."""
+    import mlx.nn as nn  # noqa: F811
+
+    r, n = block.time_step_rank, block.ssm_state_size
+    deltaBC = block.x_proj(x)
+    delta, Bm, Cm = mx.split(deltaBC, [r, r + n], axis=-1)
+    if getattr(block, "use_bcdt_rms", False):
+        eps = block.args.mixer_rms_eps
+        delta = mx.fast.rms_norm(delta, weight=None, eps=eps)
+        Bm = mx.fast.rms_norm(Bm, weight=None, eps=eps)
+        Cm = mx.fast.rms_norm(Cm, weight=None, eps=eps)
+    delta = nn.softplus(block.dt_proj(delta))
+    return delta, Bm, Cm
+
+
+def patch_mlx_lm(scan=None, step=None):
+    """Replaces mlx-lm's `MambaBlock._process_sequence` (mlx-lm 0.32) so that
+    - prefill (no incoming SSM state) runs in-proj, conv, silu, x_proj, dt_proj and softplus as
+      stock, then ONE call `scan(u, delta, A, Bm, Cm, Dv) -> (y, state)` instead of the Python
+      loop over time, then `out_proj(swiglu(z, y))`;
+    - decode (T == 1 with a state) calls `step(u, delta, A, Bm, Cm, Dv, state_in) -> (y, state)`
+      when given (also for a one-token prompt, from a zero state); the SSM state is kept in the
+      cache in f32;
+    - anything else (T > 1 with a state, or a missing kernel) runs the stock method.
+    A = -exp(A_log) and Dv = D are passed in f32, u, delta, Bm, Cm in the model's dtype (the
+    exported functions cast them to the kernel's dtypes). In a module exported for mamba_scan
+    (mamba_step) `scan` (`step`) defaults to the module's own function.
+    Returns `unpatch()`; `unpatch.stats` counts the calls per path (scan / step / stock)."""
+    g = globals()
+    task_name = (g.get("TASK") or {}).get("name") if g.get("CANDIDATE") is not None else None
+    if scan is None and task_name == "mamba_scan":
+        scan = g["mamba_scan"]
+    if step is None and task_name == "mamba_step":
+        step = g["mamba_step"]
+    if scan is None and step is None:
+        raise ValueError("patch_mlx_lm: give scan= and/or step= (nothing to patch)")
+
+    from mlx_lm.models import mamba as _mamba
+    from mlx_lm.models.activations import swiglu
+
+    cls = _mamba.MambaBlock
+    previous = cls.__dict__["_process_sequence"]
+    stock = getattr(previous, "_ksearch_stock", previous)
+    stats = {"scan": 0, "step": 0, "stock": 0}
+    import mlx.nn as nn
+
+    f32 = mx.float32
+    consts = {}  # id(block) -> (A_log, D, A, Dv): A = -exp(A_log) and D in f32, made once per weights
+
+    def ssm_constants(block):
+        c = consts.get(id(block))
+        if c is None or c[0] is not block.A_log or c[1] is not block.D:
+            A = -mx.exp(block.A_log.astype(f32))
+            Dv = block.D if block.D.dtype == f32 else block.D.astype(f32)
+            try:
+                mx.eval(A, Dv)
+            except Exception:  # inside a function transformation (mx.compile, grad): do not keep
+                return A, Dv
+            c = consts[id(block)] = (block.A_log, block.D, A, Dv)
+        return c[2], c[3]
+
+    def _process_sequence(self, x, conv_cache, state_cache):
+        T = x.shape[1]
+        use_step = T == 1 and step is not None
+        use_scan = not use_step and state_cache is None and scan is not None
+        if not (use_scan or use_step):
+            stats["stock"] += 1
+            return stock(self, x, conv_cache, state_cache)
+        # as stock: in_proj, causal depthwise conv with its cache, silu
+        xz = self.in_proj(x)
+        x, z = xz.split(indices_or_sections=2, axis=-1)
+        K = self.conv_kernel_size
+        if conv_cache is not None:
+            x_full = mx.concatenate([conv_cache, x], axis=1)
+        else:
+            x_full = mx.pad(x, [(0, 0), (K - 1, 0), (0, 0)])
+        conv_out = self.conv1d(x_full)
+        new_conv_cache = x_full[:, -(K - 1) :, :]
+        x = nn.silu(conv_out)
+        A, Dv = ssm_constants(self)
+        delta, Bm, Cm = _tail_project(self, x)
+        if use_scan:
+            stats["scan"] += 1
+            y, state = scan(x, delta, A, Bm, Cm, Dv)
+        else:
+            stats["step"] += 1
+            if state_cache is None:
+                state_cache = mx.zeros((x.shape[0], x.shape[-1], self.ssm_state_size), dtype=f32)
+            elif state_cache.dtype != f32:
+                state_cache = state_cache.astype(f32)
+            y, state = step(x[:, 0], delta[:, 0], A, Bm[:, 0], Cm[:, 0], Dv, state_cache)
+            y = mx.expand_dims(y, 1)
+        if y.dtype != z.dtype:
+            y = y.astype(z.dtype)
+        if state.dtype != f32:
+            state = state.astype(f32)
+        out = self.out_proj(swiglu(z, y))
+        return out, (new_conv_cache, state)
+
+    _process_sequence._ksearch_stock = stock
+    _process_sequence._ksearch_patched = True
+    cls._process_sequence = _process_sequence
+
+    def unpatch():
+        if cls.__dict__.get("_process_sequence") is _process_sequence:
+            cls._process_sequence = previous
+
+    unpatch.stats = stats
+    return unpatch
+
+
+# ---- the exported module's own entry points ---------------------------------------------------------
+KERNEL = globals().get("KERNEL")
+
+
+def _tail_kernel():
+    global KERNEL
+    if KERNEL is None:
+        KERNEL = CompiledCandidate(CANDIDATE, TASK, BACKEND)  # noqa: F821 (from the runtime)
+    return KERNEL
+
+
+if globals().get("CANDIDATE") is not None:
+    _tail_entry, run = make_entry(TASK, BACKEND, _tail_kernel, CANDIDATE)  # noqa: F821
+    globals()[TASK["name"]] = _tail_entry  # noqa: F821
+    if TASK["name"] not in ("mamba_scan", "mamba_step"):  # noqa: F821
+        del patch_mlx_lm
+    __all__ = [TASK["name"], "run", "KERNEL", "TASK", "CANDIDATE", "BACKEND"]  # noqa: F821
+    if "patch_mlx_lm" in globals():
+        __all__.append("patch_mlx_lm")

@@ -1,0 +1,656 @@
+"""Run a ksearch MLX candidate: kernel file sections, launch expressions, MLX custom kernels.
+
+This module is self-contained on purpose (standard library and ``mlx.core`` only, nothing
+from the package): ``ksearch export --mlx`` pastes its source verbatim into the module it
+writes, so that the exported kernel runs without ksearch installed.
+
+The format it implements is ``docs/mlx.md``:
+
+* a kernel file is an optional header, then one body per launch under ``// @kernel NAME``
+  lines (a file with none is the single launch's body, with no header);
+* each launch is one ``mx.fast.cuda_kernel`` (``mlx-cuda``) or ``mx.fast.metal_kernel``
+  (``mlx-metal``) call; ``grid`` counts threads, ``block`` is the threadgroup;
+* every axis and every define is an ``int`` template parameter, the task's constants are
+  prepended to the header as ``KS_<NAME>``;
+* launches read task inputs and whatever an earlier launch wrote, and write task outputs or
+  1-D scratch buffers; every task output is written by exactly one launch.
+"""
+
+# No `from __future__` import: it must open a file, and this text is pasted into another.
+import functools
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import mlx.core as mx
+
+# ---------------------------------------------------------------------------------------------
+# Expressions
+# ---------------------------------------------------------------------------------------------
+# A small recursive-descent parser rather than Python's `ast`: the task language differs from
+# Python where it matters (`!x == 0` is `(!x) == 0`, `a < b < c` does not chain, `==` binds
+# looser than `<`, `/` and `%` truncate toward zero), and this mirrors crates/core/src/expr.rs
+# exactly, so the worker and the Rust side always agree on a launch size.
+
+_BINARY_PRECEDENCE = {
+    "||": 1,
+    "&&": 2,
+    "==": 3,
+    "!=": 3,
+    "<": 4,
+    "<=": 4,
+    ">": 4,
+    ">=": 4,
+    "+": 5,
+    "-": 5,
+    "*": 6,
+    "/": 6,
+    "%": 6,
+}
+_FUNCTIONS = {"ceil_div": 2, "min": 2, "max": 2, "sqrt": 1, "log2": 1}
+_TOKEN = re.compile(
+    r"\s*(?:(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<op><=|>=|==|!=|&&|\|\||[-+*/%<>!(),]))"
+)
+
+
+def _tokenize(src: str) -> list[tuple[str, str]]:
+    tokens: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(src):
+        if src[pos:].strip() == "":
+            break
+        m = _TOKEN.match(src, pos)
+        if m is None or m.end() == pos:
+            bad = src[pos:].lstrip()[:1]
+            raise ValueError(f"expression `{src}`: unexpected character `{bad}`")
+        kind = m.lastgroup or "op"
+        tokens.append((kind, m.group(kind)))
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    """Parses into nested tuples: ("num", v) ("var", n) ("neg", e) ("not", e) ("bin", op, a, b)
+    ("call", f, [args])."""
+
+    def __init__(self, src: str):
+        self.src = src
+        self.tokens = _tokenize(src)
+        self.pos = 0
+
+    def fail(self, reason: str) -> ValueError:
+        return ValueError(f"expression `{self.src}`: {reason}")
+
+    def peek(self) -> Optional[tuple[str, str]]:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def next(self) -> Optional[tuple[str, str]]:
+        t = self.peek()
+        self.pos += 1
+        return t
+
+    def parse(self) -> tuple:
+        if not self.tokens:
+            raise self.fail("empty expression")
+        e = self.expr(1)
+        if self.pos < len(self.tokens):
+            raise self.fail(f"trailing input at token {self.pos + 1}")
+        return e
+
+    def expr(self, min_prec: int) -> tuple:
+        lhs = self.unary()
+        while True:
+            t = self.peek()
+            if t is None or t[0] != "op" or _BINARY_PRECEDENCE.get(t[1], 0) < min_prec:
+                break
+            op = t[1]
+            self.next()
+            rhs = self.expr(_BINARY_PRECEDENCE[op] + 1)
+            lhs = ("bin", op, lhs, rhs)
+        return lhs
+
+    def unary(self) -> tuple:
+        t = self.next()
+        if t is None:
+            raise self.fail("unexpected end")
+        kind, text = t
+        if kind == "op" and text == "-":
+            return ("neg", self.unary())
+        if kind == "op" and text == "!":
+            return ("not", self.unary())
+        if kind == "num":
+            return ("num", float(text))
+        if kind == "op" and text == "(":
+            e = self.expr(1)
+            if self.next() != ("op", ")"):
+                raise self.fail("missing `)`")
+            return e
+        if kind == "name":
+            if self.peek() != ("op", "("):
+                return ("var", text)
+            self.next()
+            args: list[tuple] = []
+            if self.peek() == ("op", ")"):
+                self.next()
+            else:
+                while True:
+                    args.append(self.expr(1))
+                    sep = self.next()
+                    if sep == ("op", ","):
+                        continue
+                    if sep == ("op", ")"):
+                        break
+                    raise self.fail(f"bad argument list for `{text}`")
+            if text not in _FUNCTIONS:
+                raise self.fail(f"unknown function `{text}`")
+            if len(args) != _FUNCTIONS[text]:
+                raise self.fail(f"`{text}` takes {_FUNCTIONS[text]} arguments")
+            return ("call", text, tuple(args))
+        raise self.fail(f"unexpected token `{text}`")
+
+
+def _trunc_div(a: float, b: float) -> float:
+    # Rust's `a as i64 / b as i64`: both truncated, quotient rounded toward zero.
+    x, y = int(a), int(b)
+    q = abs(x) // abs(y)
+    return float(q if (x < 0) == (y < 0) else -q)
+
+
+def _trunc_rem(a: float, b: float) -> float:
+    x, y = int(a), int(b)
+    return float(x - int(_trunc_div(x, y)) * y)
+
+
+def _evaluate(node: tuple, env: dict[str, int], integer: bool, src: str) -> float:
+    kind = node[0]
+    if kind == "num":
+        return node[1]
+    if kind == "var":
+        if node[1] not in env:
+            raise ValueError(f"expression `{src}`: unknown name `{node[1]}`")
+        return float(env[node[1]])
+    if kind == "neg":
+        return -_evaluate(node[1], env, integer, src)
+    if kind == "not":
+        return 1.0 if _evaluate(node[1], env, integer, src) == 0.0 else 0.0
+    if kind == "call":
+        name, args = node[1], node[2]
+        a = _evaluate(args[0], env, integer, src)
+        if name == "sqrt":
+            return math.sqrt(a)
+        if name == "log2":
+            return math.log2(a)
+        c = _evaluate(args[1], env, integer, src)
+        if name == "min":
+            return min(a, c)
+        if name == "max":
+            return max(a, c)
+        if c == 0.0:
+            raise ValueError(f"expression `{src}`: division by zero")
+        return float((int(a) + int(c) - 1) // int(c))  # ceil_div, Rust's div_euclid
+    op, x, y = node[1], node[2], node[3]
+    a = _evaluate(x, env, integer, src)
+    c = _evaluate(y, env, integer, src)
+    if op in ("/", "%"):
+        if c == 0.0:
+            raise ValueError(f"expression `{src}`: division by zero")
+        if op == "%":
+            return _trunc_rem(a, c)
+        return _trunc_div(a, c) if integer else a / c
+    table: dict[str, Callable[[float, float], Any]] = {
+        "+": lambda p, q: p + q,
+        "-": lambda p, q: p - q,
+        "*": lambda p, q: p * q,
+        "<": lambda p, q: p < q,
+        "<=": lambda p, q: p <= q,
+        ">": lambda p, q: p > q,
+        ">=": lambda p, q: p >= q,
+        "==": lambda p, q: p == q,
+        "!=": lambda p, q: p != q,
+        "&&": lambda p, q: p != 0.0 and q != 0.0,
+        "||": lambda p, q: p != 0.0 or q != 0.0,
+    }
+    return float(table[op](a, c))
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_expr(expr: str) -> tuple:
+    """Parse `expr` (raises ValueError naming the expression and the problem). Cached: the
+    same few expressions are evaluated on every call of a kernel."""
+    return _Parser(str(expr)).parse()
+
+
+def eval_expr(expr: str, env: dict[str, int]) -> int:
+    """Evaluate a task expression with integer semantics (`/` and `%` truncate toward zero).
+
+    Integers, ``+ - * / %``, comparisons, ``&& || !``, parentheses, ``ceil_div(a, b)``,
+    ``min``, ``max`` and names from ``env``. Unknown names, bad syntax and division by zero
+    raise ``ValueError``.
+    """
+    v = _evaluate(parse_expr(expr), env, True, str(expr))
+    if not math.isfinite(v):
+        raise ValueError(f"expression `{expr}`: not a finite value")
+    return int(v)
+
+
+def eval_expr_float(expr: str, env: dict[str, int]) -> float:
+    """Evaluate a task expression in floating point (`/` is real division), as for ``flops``."""
+    return _evaluate(parse_expr(expr), env, False, str(expr))
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel files
+# ---------------------------------------------------------------------------------------------
+
+def _section_name(line: str) -> Optional[str]:
+    """The entry of a `// @kernel NAME` line, else None (same rule as crates/core/src/mlx.rs:
+    any other line, a malformed marker included, is ordinary text)."""
+    t = line.strip()
+    if not t.startswith("//"):
+        return None
+    t = t[2:].lstrip()
+    if not t.startswith("@kernel"):
+        return None
+    name = t[len("@kernel") :].strip()
+    return name if name and re.fullmatch(r"[A-Za-z0-9_]+", name) else None
+
+
+class SourceError(ValueError):
+    """The kernel file does not fit its launches (missing or duplicate sections)."""
+
+
+class LaunchError(ValueError):
+    """A launch cannot be planned: bad sizes, bad wiring, limits exceeded."""
+
+
+def split_sections(source: str) -> tuple[str, dict[Optional[str], str]]:
+    """Split a kernel file into ``(header, {entry: body})``.
+
+    Text before the first ``// @kernel NAME`` line is the header; each section runs to the
+    next such line. A file without one is a single body under the key ``None``, with no
+    header. Two sections of one name raise ``SourceError``.
+    """
+    header: list[str] = []
+    sections: dict[Optional[str], str] = {}
+    current: Optional[str] = None
+    body: list[str] = []
+    for line in source.splitlines(keepends=True):
+        name = _section_name(line)
+        if name is None:
+            (body if current is not None else header).append(line)
+            continue
+        if current is not None:
+            sections[current] = "".join(body)
+        if name in sections or name == current:
+            raise SourceError(f"two `// @kernel {name}` sections")
+        current, body = name, []
+    if current is None:
+        return "", {None: source}
+    sections[current] = "".join(body)
+    return "".join(header), sections
+
+
+# ---------------------------------------------------------------------------------------------
+# Types
+# ---------------------------------------------------------------------------------------------
+
+DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "f64": 8}
+
+
+def mx_dtype(name: str) -> Any:
+    """The MLX dtype of a task dtype name."""
+    table = {
+        "f32": mx.float32,
+        "f16": mx.float16,
+        "bf16": mx.bfloat16,
+        "i32": mx.int32,
+        "f64": mx.float64,
+    }
+    if name not in table:
+        raise ValueError(f"unknown dtype `{name}` (known: {', '.join(table)})")
+    return table[name]
+
+
+def tensor_dtype(task: dict, backend: str, spec: dict) -> str:
+    """A tensor's dtype on `backend`: the back-end's override, else the declared one."""
+    overrides = (task.get("backends", {}).get(backend) or {}).get("dtypes") or {}
+    return overrides.get(spec["name"], spec.get("dtype", "f32"))
+
+
+def tensor_shape(spec: dict, axes: dict[str, int]) -> tuple[int, ...]:
+    shape = []
+    for d in spec.get("shape", []):
+        n = eval_expr(str(d), axes)
+        if n < 0:
+            raise ValueError(f"shape of `{spec['name']}`: negative size {n}")
+        shape.append(n)
+    return tuple(shape)
+
+
+def constants_header(constants: dict[str, float], backend: str) -> str:
+    """The task's constants as `KS_<NAME>` declarations for the kernel header."""
+    qualifier = "constexpr" if backend == "mlx-cuda" else "constant"
+    lines = []
+    for name in sorted(constants):
+        v = float(constants[name])
+        if not math.isfinite(v):
+            raise ValueError(f"constant `{name}` is not finite")
+        lines.append(f"{qualifier} float KS_{name.upper()} = {v!r}f;\n")
+    return "".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch planning (pure: no MLX calls, so it can be tested without a GPU)
+# ---------------------------------------------------------------------------------------------
+
+BACKENDS = ("mlx-cuda", "mlx-metal")
+MAX_THREADS_PER_GROUP = 1024
+
+
+@dataclass(frozen=True)
+class StaticLaunch:
+    """What a launch is, independent of the workload."""
+
+    entry: str
+    name: str  # MLX kernel name, unique per source + wiring (MLX caches modules by name)
+    header: str
+    body: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    input_dtypes: tuple[str, ...]
+    output_dtypes: tuple[str, ...]
+    writes_task_output: bool
+    grid: tuple[str, str, str]
+    block: tuple[str, str, str]
+    shared: str
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One launch resolved for a workload: everything an MLX kernel call needs."""
+
+    entry: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[str, ...]
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    shared: int
+    template: tuple[tuple[str, int], ...]
+    writes_task_output: bool
+
+
+def kernel_name(entry: str, text: str) -> str:
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    return f"ks_{entry}_{digest}"
+
+
+def static_launches(candidate: dict, task: dict, backend: str) -> list[StaticLaunch]:
+    """Sections, header, wiring and dtypes of every launch (raises SourceError/LaunchError)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown MLX back-end `{backend}` (known: {', '.join(BACKENDS)})")
+    launches = candidate.get("launches") or []
+    if not launches:
+        raise LaunchError("the candidate has no launches")
+    file_header, sections = split_sections(candidate.get("source", ""))
+    header = constants_header(task.get("constants") or {}, backend) + file_header
+
+    task_inputs = [t["name"] for t in task.get("inputs", [])]
+    task_outputs = [t["name"] for t in task.get("outputs", [])]
+    dtypes = {t["name"]: tensor_dtype(task, backend, t) for t in task.get("inputs", []) + task.get("outputs", [])}
+    scratch = {}
+    for s in candidate.get("scratch") or []:
+        if s["name"] in dtypes or s["name"] in scratch:
+            raise LaunchError(f"scratch `{s['name']}` clashes with another buffer")
+        scratch[s["name"]] = s.get("dtype") or "f32"
+        mx_dtype(scratch[s["name"]])
+    dtypes.update(scratch)
+
+    available = set(task_inputs)
+    written: set[str] = set()
+    result = []
+    for spec in launches:
+        entry = spec["entry"]
+        if None in sections:
+            if len(launches) != 1:
+                raise SourceError(
+                    f"the kernel has {len(launches)} launches but no `// @kernel NAME` sections"
+                )
+            body = sections[None]
+        elif entry in sections:
+            body = sections[entry]
+        else:
+            known = ", ".join(str(k) for k in sections)
+            raise SourceError(f"no `// @kernel {entry}` section in the kernel file (sections: {known})")
+        reads = list(spec.get("inputs") or task_inputs)
+        writes = list(spec.get("outputs") or task_outputs)
+        for r in reads:
+            if r not in available:
+                raise LaunchError(
+                    f"launch `{entry}` reads `{r}`, which is no task input and no earlier launch wrote"
+                )
+        if len(set(reads)) != len(reads) or len(set(writes)) != len(writes):
+            raise LaunchError(f"launch `{entry}` names a buffer twice")
+        if not writes:
+            raise LaunchError(f"launch `{entry}` writes nothing")
+        for w in writes:
+            if w not in task_outputs and w not in scratch:
+                raise LaunchError(f"launch `{entry}` writes `{w}`, which is no task output and no scratch buffer")
+            if w in written:
+                raise LaunchError(f"`{w}` is written by two launches")
+            written.add(w)
+        available.update(writes)
+        in_dt = tuple(dtypes[r] for r in reads)
+        out_dt = tuple(dtypes[w] for w in writes)
+        # The generated signature depends on the wiring and dtypes, so they go into the name.
+        ident = "\0".join([backend, header, body, ",".join(reads), ",".join(in_dt), ",".join(writes), ",".join(out_dt)])
+        grid = tuple(str(g) for g in spec.get("grid", ["1", "1", "1"]))
+        block = tuple(str(b) for b in spec.get("block", ["1", "1", "1"]))
+        if len(grid) != 3 or len(block) != 3:
+            raise LaunchError(f"launch `{entry}`: grid and block need three expressions each")
+        result.append(
+            StaticLaunch(
+                entry=entry,
+                name=kernel_name(entry, ident),
+                header=header,
+                body=body,
+                inputs=tuple(reads),
+                outputs=tuple(writes),
+                input_dtypes=in_dt,
+                output_dtypes=out_dt,
+                writes_task_output=any(w in task_outputs for w in writes),
+                grid=grid,  # type: ignore[arg-type]
+                block=block,  # type: ignore[arg-type]
+                shared=str(spec.get("shared", "0")),
+            )
+        )
+    missing = [o for o in task_outputs if o not in written]
+    if missing:
+        raise LaunchError(f"no launch writes output `{missing[0]}`")
+    return result
+
+
+def template_env(task: dict, candidate: dict, axes: dict[str, int]) -> list[tuple[str, int]]:
+    """Template parameters: every axis (task order) then every define (sorted), as ints."""
+    params: list[tuple[str, int]] = []
+    for a in task.get("axes", []):
+        if a not in axes:
+            raise LaunchError(f"the workload gives no value for axis `{a}`")
+        params.append((a, int(axes[a])))
+    for k in sorted(candidate.get("defines") or {}):
+        if k in axes:
+            raise LaunchError(f"define `{k}` clashes with an axis")
+        params.append((k, int(candidate["defines"][k])))
+    for name, v in params:
+        if not -(2**31) <= v < 2**31:
+            raise LaunchError(f"template parameter `{name}` = {v} does not fit an int")
+    return params
+
+
+def plan_launches(
+    candidate: dict,
+    task: dict,
+    backend: str,
+    axes: dict[str, int],
+    static: Optional[list[StaticLaunch]] = None,
+) -> list[LaunchPlan]:
+    """Every launch resolved for one workload: sizes evaluated, shapes and dtypes of outputs."""
+    static = static if static is not None else static_launches(candidate, task, backend)
+    params = template_env(task, candidate, axes)
+    env = dict(params)
+    shapes = {t["name"]: tensor_shape(t, axes) for t in task.get("outputs", [])}
+    for s in candidate.get("scratch") or []:
+        size = DTYPE_SIZES[s.get("dtype") or "f32"]
+        nbytes = eval_expr(s["bytes"], env)
+        if nbytes <= 0:
+            raise LaunchError(f"scratch `{s['name']}`: {nbytes} bytes (expression `{s['bytes']}`)")
+        if nbytes % size:
+            raise LaunchError(f"scratch `{s['name']}`: {nbytes} bytes is not a whole number of {s.get('dtype') or 'f32'}")
+        shapes[s["name"]] = (nbytes // size,)
+    plans = []
+    for s in static:
+
+        def sizes(exprs: tuple[str, ...], what: str) -> tuple[int, int, int]:
+            try:
+                vals = tuple(eval_expr(e, env) for e in exprs)
+            except ValueError as e:
+                raise LaunchError(f"launch `{s.entry}` {what}: {e}") from None
+            if any(v < 1 for v in vals):
+                raise LaunchError(f"launch `{s.entry}`: {what} {vals} has a size below 1")
+            return vals  # type: ignore[return-value]
+
+        grid = sizes(s.grid, "grid")
+        block = sizes(s.block, "block")
+        threads = block[0] * block[1] * block[2]
+        if threads > MAX_THREADS_PER_GROUP:
+            raise LaunchError(f"launch `{s.entry}`: threadgroup {block} has {threads} threads (at most {MAX_THREADS_PER_GROUP})")
+        try:
+            shared = eval_expr(s.shared, env)
+        except ValueError as e:
+            raise LaunchError(f"launch `{s.entry}` shared: {e}") from None
+        if shared < 0:
+            raise LaunchError(f"launch `{s.entry}`: negative shared memory {shared}")
+        plans.append(
+            LaunchPlan(
+                entry=s.entry,
+                name=s.name,
+                inputs=s.inputs,
+                outputs=s.outputs,
+                output_shapes=tuple(shapes[o] for o in s.outputs),
+                output_dtypes=s.output_dtypes,
+                grid=grid,
+                threadgroup=block,
+                # Metal kernels declare threadgroup memory in the body; only CUDA takes bytes.
+                shared=shared if backend == "mlx-cuda" else 0,
+                template=tuple(params),
+                writes_task_output=s.writes_task_output,
+            )
+        )
+    return plans
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+
+class CompiledCandidate:
+    """A candidate's MLX kernels, ready to run on any workload of its task.
+
+    ``CompiledCandidate(candidate, task, backend)(inputs, axes)`` returns the task outputs.
+    Kernels are JIT-compiled by MLX on their first evaluation for each set of template
+    values (axes and defines).
+    """
+
+    def __init__(self, candidate: dict, task: dict, backend: str):
+        self.candidate = candidate
+        self.task = task
+        self.backend = backend
+        self.static = static_launches(candidate, task, backend)
+        self.input_specs = {t["name"]: t for t in task.get("inputs", [])}
+        self.output_names = [t["name"] for t in task.get("outputs", [])]
+        self._plans: dict[tuple, list[LaunchPlan]] = {}
+        self._input_specs: dict[tuple, dict[str, tuple]] = {}
+        self._kernels: dict[tuple[str, int], Any] = {}
+        # Creating the kernel objects compiles nothing, but fails at once where MLX has no
+        # back-end for them ("[cuda_kernel] No CUDA back-end.").
+        for s in self.static:
+            self._kernel(s, 0)
+
+    def _kernel(self, s: StaticLaunch, shared: int) -> Any:
+        # A CUDA kernel takes its dynamic shared memory when it is made, not per call, so
+        # there is one kernel object per size. The size is a function of the template values,
+        # which MLX puts in the module's name, so one name never meets two sizes.
+        key = (s.name, shared)
+        if key not in self._kernels:
+            common = dict(
+                name=s.name,
+                input_names=list(s.inputs),
+                output_names=list(s.outputs),
+                source=s.body,
+                header=s.header,
+            )
+            if self.backend == "mlx-cuda":
+                self._kernels[key] = mx.fast.cuda_kernel(**common, shared_memory=shared)
+            else:
+                self._kernels[key] = mx.fast.metal_kernel(**common)
+        return self._kernels[key]
+
+    def plan(self, axes: dict[str, int]) -> list[LaunchPlan]:
+        key = tuple(sorted((k, int(v)) for k, v in axes.items()))
+        if key not in self._plans:
+            self._plans[key] = plan_launches(self.candidate, self.task, self.backend, dict(axes), self.static)
+        return self._plans[key]
+
+    def _check_inputs(self, inputs: dict[str, Any], axes: dict[str, int]) -> dict[str, Any]:
+        # Shapes and dtypes per workload, worked out once: this runs inside timed calls.
+        key = tuple(sorted((k, int(v)) for k, v in axes.items()))
+        if key not in self._input_specs:
+            self._input_specs[key] = {
+                name: (tensor_shape(spec, axes), mx_dtype(tensor_dtype(self.task, self.backend, spec)))
+                for name, spec in self.input_specs.items()
+            }
+        ready = {}
+        for name, (want_shape, want) in self._input_specs[key].items():
+            if name not in inputs:
+                raise ValueError(f"missing input `{name}`")
+            a = inputs[name]
+            if tuple(a.shape) != want_shape:
+                raise ValueError(f"input `{name}` has shape {tuple(a.shape)}, the task wants {want_shape}")
+            ready[name] = a if a.dtype == want else a.astype(want)
+        return ready
+
+    def __call__(
+        self,
+        inputs: dict[str, Any],
+        axes: dict[str, int],
+        init_value: Optional[float] = None,
+    ) -> dict[str, Any]:
+        """Run every launch in order; returns ``{output name: array}`` (lazy MLX arrays).
+
+        ``init_value`` fills the outputs of every launch that writes a task output before it
+        runs (MLX's ``init_value``); without it outputs start uninitialised.
+        """
+        plans = self.plan(axes)
+        buffers = self._check_inputs(inputs, axes)
+        for s, p in zip(self.static, plans):
+            kwargs: dict[str, Any] = dict(
+                inputs=[buffers[n] for n in p.inputs],
+                output_shapes=[list(shape) for shape in p.output_shapes],
+                output_dtypes=[mx_dtype(d) for d in p.output_dtypes],
+                grid=p.grid,
+                threadgroup=p.threadgroup,
+                template=list(p.template),
+            )
+            if init_value is not None and p.writes_task_output:
+                kwargs["init_value"] = float(init_value)
+            outs = self._kernel(s, p.shared)(**kwargs)
+            for name, arr in zip(p.outputs, outs):
+                buffers[name] = arr
+        return {name: buffers[name] for name in self.output_names}

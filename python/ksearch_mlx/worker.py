@@ -1,0 +1,643 @@
+"""The ksearch MLX worker: JSON lines on stdin/stdout, as docs/protocol.md describes.
+
+    python -m ksearch_mlx.worker --backend mlx-cuda|mlx-metal [--device N] [--cache DIR]
+
+Requests (one JSON object a line): ``hello``, ``eval``, ``baseline``, ``reference``,
+``shutdown``. Every request with an id gets exactly one reply; a line that cannot be read gets
+``{"reply": "error", ...}`` and the worker keeps serving. The reply channel is a duplicate of
+the original stdout; file descriptor 1 points at stderr before anything else runs, so a
+kernel (or MLX) that prints cannot corrupt the channel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+from . import __version__
+
+# A device fault leaves MLX's CUDA context unusable: the worker says why on stderr and exits
+# with the code the Rust CUDA worker uses, so the supervisor reports a crash and starts afresh.
+FAULT_EXIT_CODE = 75
+# Bytes over measured copy bandwidth, with the slack the Rust CUDA worker uses.
+FLOOR_SLACK = 0.8
+# An upper bound on any device's arithmetic peak (flop/s): the flops floor never rejects an
+# honest time, it only catches kernels that skip the work.
+PEAK_FLOPS = 1000e12
+FLUSH_BYTES = {"mlx-cuda": 256 << 20, "mlx-metal": 64 << 20}
+
+
+class Fault(Exception):
+    """The device faulted; the process cannot go on."""
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    line = " ".join(str(text).strip().split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# Error classes (docs/mlx.md: compile, launch, infra; faults end the worker)
+# ---------------------------------------------------------------------------------------------
+
+_FAULT_WORDS = (
+    "illegal memory access",
+    "unspecified launch failure",
+    "misaligned address",
+    "illegal instruction",
+    "device-side assert",
+    "hardware exception",
+    "gpu address fault",
+    "caused gpu timeout",
+    "gpu hang",
+    "context is destroyed",
+)
+_COMPILE_WORDS = (
+    "failed to compile",  # NVRTC's log follows (mlx/backend/cuda/jit_module.cpp)
+    "nvrtc",
+    "failed to load compiled",  # the module did not load (e.g. static shared memory over the limit)
+    "unable to build metal library",
+    "program_source:",  # Metal compiler diagnostics
+)
+_LAUNCH_WORDS = (
+    "too many resources",
+    "invalid configuration",
+    "invalid argument",
+    "shared memory",
+    "threadgroup",
+    "launch",
+    "exceeds",
+    "out of resources",
+    "max_dynamic_shared",
+)
+_MEMORY_WORDS = ("out of memory", "unable to allocate", "[malloc]")
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(failure class, message) for an exception raised by building or running a candidate."""
+    from .runtime import LaunchError, SourceError
+
+    text = str(exc) or type(exc).__name__
+    low = text.lower()
+    if isinstance(exc, SourceError):
+        return "compile", text
+    if isinstance(exc, (LaunchError, ValueError)):
+        return "launch", text
+    if any(w in low for w in _FAULT_WORDS):
+        raise Fault(text)
+    if any(w in low for w in _MEMORY_WORDS):
+        return "out_of_memory", text
+    if any(w in low for w in _COMPILE_WORDS):
+        return "compile", text
+    if any(w in low for w in _LAUNCH_WORDS):
+        return "launch", text
+    return "infra", f"{type(exc).__name__}: {text}"
+
+
+def die(message: str) -> None:
+    sys.stderr.write(f"mlx device fault, worker exits: {message}\n")
+    sys.stderr.flush()
+    os._exit(FAULT_EXIT_CODE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+def time_reps(run: Callable[[], None], timing: dict, flush: Optional[Callable[[], None]]) -> list[float]:
+    """Warm-up calls, then timed repetitions (microseconds) until `min_reps` and `target_ms`,
+    at most `max_reps`; `flush` runs between repetitions, outside the timed region."""
+    for _ in range(int(timing.get("warmup", 2))):
+        run()
+    max_reps = max(1, int(timing.get("max_reps", 50)))
+    min_reps = min(int(timing.get("min_reps", 5)), max_reps)
+    target_ms = float(timing.get("target_ms", 300.0))
+    samples: list[float] = []
+    started = time.perf_counter()
+    while len(samples) < max_reps:
+        if flush is not None and timing.get("flush", True):
+            flush()
+        t = time.perf_counter()
+        run()
+        samples.append((time.perf_counter() - t) * 1e6)
+        if len(samples) >= min_reps and (time.perf_counter() - started) * 1e3 >= target_ms:
+            break
+    return samples
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker
+# ---------------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, backend: str, cache: Optional[str]):
+        import mlx.core as mx
+
+        self.mx = mx
+        self.backend = backend
+        self.cache = cache
+        self.kernels, self.device, self.reason = detect(backend)
+        self._copy_bps: Optional[float] = None
+        self._flush_src: Any = None
+        self._compiled: set[tuple] = set()  # kernel instantiations compiled in this process
+        self._first_calls = 0  # first (compiling) calls made in the current evaluation
+
+    def hello(self) -> dict:
+        return {
+            "reply": "hello",
+            "backend": self.backend,
+            "device": self.device,
+            "pid": os.getpid(),
+            "version": __version__,
+            "mlx": self.mx.__version__,
+            "kernels": self.kernels,
+        }
+
+    # -- device measurements ------------------------------------------------------------------
+
+    def on_gpu(self) -> bool:
+        return self.mx.default_device() == self.mx.gpu
+
+    def copy_bps(self) -> float:
+        """Device copy bandwidth (bytes read + written per second), measured once.
+
+        Two sizes, and the bandwidth from the difference of their times: every MLX evaluation
+        carries a fixed cost (tens of microseconds on CUDA) that would otherwise lower it.
+        """
+        if self._copy_bps is None:
+            mx = self.mx
+            small, big = ((64 << 20) // 4, (512 << 20) // 4) if self.on_gpu() else ((8 << 20) // 4, (32 << 20) // 4)
+
+            def best_time(n: int) -> float:
+                x = mx.zeros((n,), mx.float32)
+                mx.eval(x)
+                best = math.inf
+                for _ in range(5):
+                    t = time.perf_counter()
+                    mx.eval(x + 1.0)
+                    mx.synchronize()
+                    best = min(best, time.perf_counter() - t)
+                return best
+
+            best_time(small)  # warm-up: the first evaluation compiles the add
+            t_small, t_big = best_time(small), best_time(big)
+            if t_big > t_small:
+                self._copy_bps = 2 * (big - small) * 4 / (t_big - t_small)
+            else:
+                self._copy_bps = 2 * big * 4 / max(t_big, 1e-9)
+        return self._copy_bps
+
+    def flush(self) -> None:
+        """Write a buffer well past the last-level cache, so no repetition starts warm."""
+        mx = self.mx
+        if self._flush_src is None:
+            nbytes = FLUSH_BYTES.get(self.backend, 64 << 20) if self.on_gpu() else 64 << 20
+            self._flush_src = mx.zeros((nbytes // 4,), mx.float32)
+            mx.eval(self._flush_src)
+        mx.eval(self._flush_src + 1.0)
+        mx.synchronize()
+
+    def floors(self, task: dict, backend: str, axes: dict[str, int]) -> tuple[float, float, float]:
+        from .data import min_bytes, task_flops
+
+        nbytes = min_bytes(task, backend, axes)
+        flops = task_flops(task, axes)
+        floor_s = max(FLOOR_SLACK * nbytes / self.copy_bps(), flops / PEAK_FLOPS)
+        return nbytes, flops, floor_s * 1e6
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def reference(self, req: dict) -> dict:
+        from .data import as_f32, draw_inputs, to_numpy
+        from .reference import compute
+
+        task, w = req["task"], req["workload"]
+        backend = req.get("backend", self.backend)
+        inputs = draw_inputs(task, backend, w["axes"], int(w["seed"]))
+        refs = compute(task, as_f32(inputs), w["axes"])
+        return {
+            "reply": "reference",
+            "id": req.get("id"),
+            "inputs": {k: to_numpy(v).tolist() for k, v in inputs.items()},
+            "outputs": {k: to_numpy(v).tolist() for k, v in refs.items()},
+        }
+
+    def eval(self, req: dict, progress: Callable[[str], None]) -> dict:
+        reply = empty_reply(req.get("id", 0))
+        started = time.perf_counter()
+        state = {"compiled": False}
+
+        def compiled() -> None:
+            if not state["compiled"]:
+                state["compiled"] = True
+                progress("compiled")
+
+        try:
+            self._eval(req, reply, compiled, progress)
+        except Fault as f:
+            die(str(f))
+        except Exception as e:  # never let an evaluation go unanswered
+            traceback.print_exc(file=sys.stderr)
+            reply["failure"] = {"class": "infra", "message": one_line(f"{type(e).__name__}: {e}")}
+        finally:
+            self.mx.clear_cache()
+        reply["overhead_s"] = max(0.0, time.perf_counter() - started - reply["kernel_s"] - reply["compile"]["seconds"])
+        return reply
+
+    def _eval(self, req: dict, reply: dict, compiled: Callable[[], None], progress: Callable[[str], None]) -> None:
+        from .runtime import CompiledCandidate
+
+        backend = req.get("backend", self.backend)
+        if backend != self.backend:
+            reply["failure"] = {"class": "infra", "message": f"this worker serves {self.backend}, the request asks for {backend}"}
+            return
+        if not self.kernels:
+            reply["failure"] = {"class": "infra", "message": self.reason}
+            return
+        task, candidate = req["task"], req["candidate"]
+        try:
+            cc = CompiledCandidate(candidate, task, backend)
+        except Exception as e:
+            cls, msg = classify(e)
+            reply["failure"] = {"class": cls, "message": one_line(msg)}
+            if cls == "compile":
+                reply["compile"]["log"] = msg
+            return
+        workloads = req.get("workloads", [])
+        self._first_calls = 0
+        for i, w in enumerate(workloads):
+            res = workload_result(w)
+            if self._run_workload(req, cc, w, res, reply, compiled):
+                return  # a compile error: the evaluation has no results to show
+            reply["workloads"].append(res)
+            compiled()
+            progress(f"workload {i + 1}/{len(workloads)}")
+        reply["resources"] = resources(cc, workloads)
+
+    def _instances(self, cc: Any, axes: dict[str, int]) -> list[tuple]:
+        """The kernel instantiations a workload needs (name and template values)."""
+        return [(p.name, p.template, p.shared) for p in cc.plan(axes)]
+
+    def _run_workload(self, req: dict, cc: Any, w: dict, res: dict, reply: dict, compiled: Callable[[], None]) -> bool:
+        """Check and time one workload; True when the evaluation must stop (compile error)."""
+        from .data import as_f32, check_outputs, draw_inputs, poison_value, summarize
+        from .reference import compute
+        from .runtime import tensor_dtype
+
+        mx = self.mx
+        task, backend, axes = req["task"], req["backend"], w["axes"]
+        res["bytes"], res["flops"], res["floor_us"] = self.floors(task, backend, axes)
+        try:
+            instances = self._instances(cc, axes)
+        except Exception as e:
+            res["failure"] = {"class": classify(e)[0], "message": one_line(classify(e)[1])}
+            return False
+        inputs = draw_inputs(task, backend, axes, int(w["seed"]))
+        # The reference first, evaluated on its own, so it never shares a graph with the kernel.
+        refs = compute(task, as_f32(inputs), axes)
+        poison = poison_value([tensor_dtype(task, backend, t) for t in task.get("outputs", [])])
+
+        def run(init: Optional[float]) -> dict:
+            outs = cc(inputs, axes, init_value=init)
+            mx.eval(list(outs.values()))
+            mx.synchronize()
+            return outs
+
+        # MLX 0.32 keeps custom kernels in memory only (its PTX disk cache holds its own JIT
+        # kernels): they are cached when this process compiled these instantiations before.
+        seen = all(i in self._compiled for i in instances)
+        t = time.perf_counter()
+        try:
+            outs = run(poison)
+        except Exception as e:
+            cls, msg = classify(e)
+            if cls == "compile":
+                reply["compile"]["log"] = msg
+                where = "" if not reply["workloads"] else f"workload {w.get('label', '')}: "
+                reply["failure"] = {"class": "compile", "message": one_line(where + msg)}
+                return True
+            res["failure"] = {"class": cls, "message": one_line(msg)}
+            return False
+        first_s = time.perf_counter() - t
+        reply["compile"]["seconds"] += first_s
+        reply["compile"]["cached"] = seen if not self._first_calls else (reply["compile"]["cached"] and seen)
+        self._first_calls += 1
+        self._compiled.update(instances)
+        compiled()
+        res["check"], res["failure"] = check_outputs(task, backend, outs, refs, poison)
+        del outs
+        if res["failure"] is not None or req.get("check_only", False):
+            return False
+        try:
+            samples = time_reps(lambda: run(None), req.get("timing") or {}, self.flush)
+            reply["kernel_s"] += sum(samples) / 1e6
+            # The timed runs must still compute the right thing (no state carried over).
+            outs = run(poison)
+        except Exception as e:
+            cls, msg = classify(e)
+            res["failure"] = {"class": cls, "message": one_line(f"while timing: {msg}")}
+            return False
+        check, failure = check_outputs(task, backend, outs, refs, poison)
+        timing = summarize(samples)
+        res["timing"] = timing
+        if failure is not None:
+            failure["message"] = f"after timing: {failure['message']}"
+            res["check"], res["failure"] = check, failure
+        elif timing is not None and timing["median_us"] < res["floor_us"]:
+            res["failure"] = {
+                "class": "below_floor",
+                "message": (
+                    f"median {timing['median_us']:.2f} us is below the physical floor {res['floor_us']:.2f} us "
+                    f"({res['bytes']:.3e} bytes at {self.copy_bps() / 1e12:.2f} TB/s, {res['flops']:.3e} flops)"
+                ),
+            }
+        return False
+
+    def baseline(self, req: dict, progress: Callable[[str], None]) -> dict:
+        reply = empty_reply(req.get("id", 0))
+        reply["compile"]["cached"] = True
+        started = time.perf_counter()
+        try:
+            self._baseline(req, reply, progress)
+        except Fault as f:
+            die(str(f))
+        except Exception as e:
+            traceback.print_exc(file=sys.stderr)
+            reply["failure"] = {"class": "infra", "message": one_line(f"{type(e).__name__}: {e}")}
+        finally:
+            self.mx.clear_cache()
+        reply["overhead_s"] = max(0.0, time.perf_counter() - started - reply["kernel_s"])
+        return reply
+
+    def _baseline(self, req: dict, reply: dict, progress: Callable[[str], None]) -> None:
+        from .baselines import BASELINES, describe
+        from .data import as_f32, check_outputs, draw_inputs, summarize
+        from .reference import compute
+        from .runtime import mx_dtype, tensor_dtype
+
+        mx = self.mx
+        task = req["task"]
+        backend = req.get("backend", self.backend)
+        name = task.get("reference", "")
+        if name not in BASELINES:
+            reply["failure"] = {"class": "infra", "message": f"no MLX baseline for `{name}`"}
+            return
+        fn = BASELINES[name]
+        out_specs = task.get("outputs", [])
+        reply["resources"]["raw"] = describe(name)
+        progress("compiled")
+        workloads = req.get("workloads", [])
+        notes: list[str] = []
+        for i, w in enumerate(workloads):
+            axes = w["axes"]
+            res = workload_result(w)
+            res["bytes"], res["flops"], res["floor_us"] = self.floors(task, backend, axes)
+            inputs = draw_inputs(task, backend, axes, int(w["seed"]))
+            refs = compute(task, as_f32(inputs), axes)
+
+            def run() -> dict:
+                outs = fn(inputs, axes, task.get("constants") or {})
+                outs = {s["name"]: o.astype(mx_dtype(tensor_dtype(task, backend, s))) for s, o in zip(out_specs, outs)}
+                mx.eval(list(outs.values()))
+                mx.synchronize()
+                return outs
+
+            try:
+                t = time.perf_counter()
+                outs = run()
+                reply["kernel_s"] += time.perf_counter() - t
+                # The baseline is what users run: its check is reported, not held against it
+                # (mlx-lm's Mamba forms delta * x * B in f16, so its f32 state is f16-accurate).
+                res["check"], off = check_outputs(task, backend, outs, refs, None)
+                if off is not None:
+                    notes.append(f"{w.get('label', '')}: {off['message']}")
+                del outs
+                if not req.get("check_only", False):
+                    samples = time_reps(run, req.get("timing") or {}, self.flush)
+                    reply["kernel_s"] += sum(samples) / 1e6
+                    res["timing"] = summarize(samples)
+            except Exception as e:
+                cls, msg = classify(e)
+                res["failure"] = {"class": "infra" if cls == "compile" else cls, "message": one_line(msg)}
+            reply["workloads"].append(res)
+            progress(f"workload {i + 1}/{len(workloads)}")
+        if notes:
+            reply["compile"]["log"] = "outside tolerance (reported, not a failure): " + "; ".join(notes)
+
+
+def empty_reply(id_: Any) -> dict:
+    return {
+        "reply": "eval",
+        "id": id_,
+        "compile": {"log": "", "cached": False, "seconds": 0.0},
+        "resources": {"raw": ""},
+        "workloads": [],
+        "failure": None,
+        "overhead_s": 0.0,
+        "kernel_s": 0.0,
+    }
+
+
+def workload_result(w: dict) -> dict:
+    from .data import empty_check
+
+    return {
+        "label": w.get("label", ""),
+        "axes": w.get("axes", {}),
+        "seed": w.get("seed", 0),
+        "check": empty_check(),
+        "timing": None,
+        "bytes": 0.0,
+        "flops": 0.0,
+        "floor_us": None,
+        "failure": None,
+    }
+
+
+def resources(cc: Any, workloads: list[dict]) -> dict:
+    """What MLX lets us know: the launch configuration of the first workload, per launch."""
+    if not workloads:
+        return {"raw": ""}
+    try:
+        plans = cc.plan(workloads[0]["axes"])
+    except Exception:
+        return {"raw": ""}
+    raw = "; ".join(f"{p.entry}: grid {p.grid} threadgroup {p.threadgroup} shared {p.shared}" for p in plans)
+    return {"shared_bytes": max((p.shared for p in plans), default=0), "raw": raw}
+
+
+def detect(backend: str) -> tuple[bool, str, str]:
+    """(kernels available, device string, reason when not)."""
+    import mlx.core as mx
+
+    ver = mx.__version__
+    try:
+        name = str(mx.device_info().get("device_name", "")) or "GPU"
+    except Exception:
+        name = "GPU"
+    if backend == "mlx-cuda":
+        has = hasattr(mx, "cuda") and mx.cuda.is_available()
+        if has:
+            try:
+                probe = mx.fast.cuda_kernel(
+                    name="ks_probe", input_names=["x"], output_names=["y"], source="y[0] = x[0] + 1.0f;"
+                )
+                (y,) = probe(
+                    inputs=[mx.array([1.0], dtype=mx.float32)],
+                    grid=(1, 1, 1),
+                    threadgroup=(1, 1, 1),
+                    output_shapes=[(1,)],
+                    output_dtypes=[mx.float32],
+                )
+                mx.eval(y)
+                if float(y[0].item()) == 2.0:
+                    return True, f"{name} (mlx {ver}, cuda)", ""
+                reason = f"mlx {ver}: the CUDA probe kernel returned {y[0].item()} instead of 2"
+            except Exception as e:
+                reason = f"mlx {ver}: a CUDA probe kernel failed: {one_line(str(e), 200)}"
+        else:
+            reason = (
+                f"mlx {ver}: no CUDA back-end; install mlx-cuda-13 on Linux with an NVIDIA GPU, "
+                "or run on macOS for Metal"
+            )
+    elif backend == "mlx-metal":
+        if hasattr(mx, "metal") and mx.metal.is_available():
+            return True, f"{name} (mlx {ver}, metal)", ""
+        reason = (
+            f"mlx {ver}: no Metal back-end; Metal needs macOS on Apple silicon "
+            "(on Linux with an NVIDIA GPU use --backend mlx-cuda)"
+        )
+    else:
+        reason = f"unknown back-end `{backend}` (mlx-cuda or mlx-metal)"
+    return False, f"cpu ({reason})", reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Protocol loop
+# ---------------------------------------------------------------------------------------------
+
+
+def _finite(obj: Any) -> Any:
+    # serde_json reads no NaN/Infinity literals: keep every float finite on the wire.
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else math.copysign(1.7976931348623157e308, obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+class Channel:
+    """The reply channel: a duplicate of the original stdout; fd 1 then points at stderr."""
+
+    def __init__(self) -> None:
+        sys.stdout.flush()
+        fd = os.dup(1)
+        os.dup2(2, 1)
+        self.out = os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+
+    def send(self, msg: dict) -> bool:
+        try:
+            try:
+                line = json.dumps(msg, allow_nan=False)
+            except ValueError:
+                line = json.dumps(_finite(msg), allow_nan=False)
+            self.out.write(line + "\n")
+            self.out.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ksearch_mlx.worker", description=__doc__.splitlines()[0])
+    p.add_argument("--backend", required=True, choices=["mlx-cuda", "mlx-metal"])
+    p.add_argument("--device", type=int, default=None, help="GPU ordinal (CUDA)")
+    p.add_argument("--cache", default=None, help="directory for MLX's compiled-kernel cache")
+    return p.parse_args(argv)
+
+
+def setup_environment(args: argparse.Namespace) -> None:
+    """Environment MLX reads when it starts: which GPU, where compiled kernels are cached, and
+    f32 matrix products in f32 (MLX's CUDA back-end uses TF32 by default, about 3e-4 relative
+    error, which the f32 references and tolerances cannot afford)."""
+    os.environ.setdefault("MLX_ENABLE_TF32", "0")
+    if args.device is not None and args.backend == "mlx-cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [v for v in visible.split(",") if v.strip()] if visible else None
+        if ids is not None and 0 <= args.device < len(ids):
+            os.environ["CUDA_VISIBLE_DEVICES"] = ids[args.device]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(args.device)
+    if args.cache and "MLX_PTX_CACHE_DIR" not in os.environ:
+        path = os.path.join(args.cache, "mlx-ptx")
+        try:
+            os.makedirs(path, exist_ok=True)
+            os.environ["MLX_PTX_CACHE_DIR"] = path
+        except OSError:
+            pass
+
+
+def serve(worker: Worker, channel: Channel) -> int:
+    hello = worker.hello()
+    if not channel.send(hello):
+        return 3
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict) or not isinstance(req.get("op"), str):
+                raise ValueError("a request is a JSON object with a string `op`")
+        except ValueError as e:
+            channel.send({"reply": "error", "message": one_line(f"bad request: {e}")})
+            continue
+        op = req["op"]
+        if op == "shutdown":
+            return 0
+        if op == "hello":
+            channel.send(hello)
+            continue
+        rid = req.get("id")
+
+        def progress(stage: str, rid: Any = rid) -> None:
+            channel.send({"reply": "progress", "id": rid, "stage": stage})
+
+        if op == "eval":
+            reply = worker.eval(req, progress)
+        elif op == "baseline":
+            reply = worker.baseline(req, progress)
+        elif op == "reference":
+            try:
+                reply = worker.reference(req)
+            except Exception as e:
+                traceback.print_exc(file=sys.stderr)
+                reply = {"reply": "error", "message": one_line(f"reference: {type(e).__name__}: {e}")}
+        else:
+            reply = {"reply": "error", "message": f"unknown op `{op}` (hello, eval, baseline, reference, shutdown)"}
+        if not channel.send(reply):
+            return 3
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    channel = Channel()
+    args = parse_args(argv)
+    setup_environment(args)
+    worker = Worker(args.backend, args.cache)
+    return serve(worker, channel)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
