@@ -254,7 +254,7 @@ def _tail_project(block, x):
     return delta, Bm, Cm
 
 
-def patch_mlx_lm(scan=None, step=None):
+def patch_mlx_lm(scan=None, step=None, compile_decode=True):
     """Replaces mlx-lm's `MambaBlock._process_sequence` (mlx-lm 0.32) so that
     - prefill (no incoming SSM state) runs in-proj, conv, silu, x_proj, dt_proj and softplus as
       stock, then ONE call `scan(u, delta, A, Bm, Cm, Dv) -> (y, state)` instead of the Python
@@ -266,6 +266,10 @@ def patch_mlx_lm(scan=None, step=None):
     A = -exp(A_log) and Dv = D are passed in f32, u, delta, Bm, Cm in the model's dtype (the
     exported functions cast them to the kernel's dtypes). In a module exported for mamba_scan
     (mamba_step) `scan` (`step`) defaults to the module's own function.
+    With `compile_decode` the decode path of each block (everything between the block's input
+    and output, the step kernel included) is traced once with `mx.compile`, which fuses the
+    elementwise glue and builds the graph once instead of per token; where compiling fails the
+    plain path runs instead (`unpatch.compiled` counts the compiled calls and keeps the error).
     Returns `unpatch()`; `unpatch.stats` counts the calls per path (scan / step / stock)."""
     g = globals()
     task_name = (g.get("TASK") or {}).get("name") if g.get("CANDIDATE") is not None else None
@@ -283,6 +287,8 @@ def patch_mlx_lm(scan=None, step=None):
     previous = cls.__dict__["_process_sequence"]
     stock = getattr(previous, "_ksearch_stock", previous)
     stats = {"scan": 0, "step": 0, "stock": 0}
+    cstats = {"compiled_calls": 0, "error": None}  # the compiled decode path (unpatch.compiled)
+    compiled = {}  # id(block) -> (block, compiled decode function)
     import mlx.nn as nn
 
     f32 = mx.float32
@@ -307,6 +313,27 @@ def patch_mlx_lm(scan=None, step=None):
         if not (use_scan or use_step):
             stats["stock"] += 1
             return stock(self, x, conv_cache, state_cache)
+        if use_step and compile_decode and conv_cache is not None and state_cache is not None and cstats["error"] is None:
+            entry = compiled.get(id(self))
+            if entry is None or entry[0] is not self:
+                fn = mx.compile(lambda x_, cc_, sc_, blk=self: _plain(blk, x_, cc_, sc_), inputs=self.state)
+                entry = compiled[id(self)] = (self, fn)
+            try:
+                out = entry[1](x, conv_cache, state_cache)
+                stats["step"] += 1
+                cstats["compiled_calls"] += 1
+                return out
+            except Exception as e:  # e.g. a primitive mx.compile cannot trace here: run it plainly
+                cstats["error"] = f"{type(e).__name__}: {e}"
+        if use_step:
+            stats["step"] += 1
+        else:
+            stats["scan"] += 1
+        return _plain(self, x, conv_cache, state_cache)
+
+    def _plain(self, x, conv_cache, state_cache):
+        T = x.shape[1]
+        use_step = T == 1 and step is not None
         # as stock: in_proj, causal depthwise conv with its cache, silu
         xz = self.in_proj(x)
         x, z = xz.split(indices_or_sections=2, axis=-1)
@@ -320,11 +347,9 @@ def patch_mlx_lm(scan=None, step=None):
         x = nn.silu(conv_out)
         A, Dv = ssm_constants(self)
         delta, Bm, Cm = _tail_project(self, x)
-        if use_scan:
-            stats["scan"] += 1
+        if not use_step:
             y, state = scan(x, delta, A, Bm, Cm, Dv)
         else:
-            stats["step"] += 1
             if state_cache is None:
                 state_cache = mx.zeros((x.shape[0], x.shape[-1], self.ssm_state_size), dtype=f32)
             elif state_cache.dtype != f32:
@@ -347,6 +372,7 @@ def patch_mlx_lm(scan=None, step=None):
             cls._process_sequence = previous
 
     unpatch.stats = stats
+    unpatch.compiled = cstats
     return unpatch
 
 

@@ -181,7 +181,9 @@ def test_patched_prefill_and_decode_match_stock(bcdt):
 
     tail = load_tail_standalone()
     counts = {}
-    unpatch = tail.patch_mlx_lm(scan=counting(ref_scan, counts, "scan"), step=counting(ref_step, counts, "step"))
+    unpatch = tail.patch_mlx_lm(
+        scan=counting(ref_scan, counts, "scan"), step=counting(ref_step, counts, "step"), compile_decode=False
+    )
     assert mamba.MambaBlock._process_sequence is not STOCK
     logits, states = prefill_and_decode(m, ids, steps)
     assert counts == {"scan": 2, "step": 2 * len(steps)}, counts
@@ -200,6 +202,28 @@ def test_patched_prefill_and_decode_match_stock(bcdt):
         assert mx.array_equal(a, b).item(), "unpatched model differs from stock"
     unpatch()  # idempotent
     assert mamba.MambaBlock.__dict__["_process_sequence"] is STOCK
+
+
+def test_compiled_decode_matches_stock_and_traces_the_step_once_per_block():
+    m = tiny_model(bcdt=False)
+    ids = mx.random.randint(0, 100, (2, 23))
+    steps = [5, 17, 99, 0, 42, 7]
+    stock_logits, stock_states = prefill_and_decode(m, ids, steps)
+    tail = load_tail_standalone()
+    counts = {}
+    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=counting(ref_step, counts, "step"))
+    try:
+        logits, states = prefill_and_decode(m, ids, steps)
+    finally:
+        unpatch()
+    assert unpatch.compiled["error"] is None, unpatch.compiled
+    # every decode step of both layers ran compiled; the Python step ran once per block (tracing)
+    assert unpatch.compiled["compiled_calls"] == 2 * len(steps)
+    assert counts == {"step": 2}, counts
+    for i, (a, b) in enumerate(zip(logits, stock_logits)):
+        assert_close(a, b, what=f"logits {i}")
+    for a, b in zip(states, stock_states):
+        assert_close(a, b, what="final SSM state")
 
 
 def test_scan_only_and_step_only():
