@@ -6,7 +6,10 @@
                                                  # print registers/spills from ptxas
   python3 bench/cuda_dev.py run [task ...]       # on the H200: CuPy RawModule + torch, check every element
                                                  # against a float64/float32 torch reference, time with events
-Launch sizes, shared bytes and scratch sizes are evaluated from the task.toml expressions.
+Launch sizes, shared bytes and scratch sizes are evaluated from the task.toml expressions. Kernels
+are compiled by NVRTC (ctypes) for sm_90, or sm_90a when they use wgmma, and loaded by CuPy.
+Environment: KS_KERNELS=a,b (only these kernels), KS_MAXCFG=n or name=n,... (configs per
+workload, the default first), KS_HELDOUT=0 (search workloads only), KS_DEFS=X=1,... (extra defines).
 """
 import itertools, os, re, sys, glob, math, ctypes, time
 try:
@@ -39,9 +42,14 @@ def launches(kern):
         return kern["launches"]
     return [{"entry": kern["entry"], "grid": ["1"] * 3, "block": ["1"] * 3, "shared": "0"}]
 
-def opts_for(task, cfg):
-    o = ["--gpu-architecture=sm_90", "--std=c++17"]
+def arch_for(src):
+    """sm_90a for sources with Hopper-only instructions (as the ksearch back-end picks), else sm_90."""
+    return "sm_90a" if ("wgmma" in src or "setmaxnreg" in src) else "sm_90"
+
+def opts_for(task, cfg, src=""):
+    o = [f"--gpu-architecture={arch_for(src)}", "--std=c++17"]
     o += [f"-D{k}={v}" for k, v in cfg.items()]
+    o += [f"-D{d}" for d in os.environ.get("KS_DEFS", "").split(",") if d]  # extra defines (debugging)
     o += [f"-DKS_{k.upper()}={v}" for k, v in task.get("constants", {}).items()]
     return o
 
@@ -49,11 +57,33 @@ def opts_for(task, cfg):
 def nvrtc_lib():
     cands = glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cu13", "lib", "libnvrtc.so.13"))
     cands += glob.glob("/root/.pyenv/versions/*/lib/python*/site-packages/nvidia/cu13/lib/libnvrtc.so.13")
+    cands += glob.glob("/usr/local/cuda/lib64/libnvrtc.so.13") + glob.glob("/usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so.13")
     if not cands:
         sys.exit("libnvrtc.so.13 not found: pip install nvidia-cuda-nvrtc==13.0.*")
     d = os.path.dirname(cands[0])
-    ctypes.CDLL(os.path.join(d, "libnvrtc-builtins.so.13.0"), mode=ctypes.RTLD_GLOBAL)
+    for b in sorted(glob.glob(os.path.join(d, "libnvrtc-builtins.so.13*"))):
+        try:
+            ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
+            break
+        except OSError:
+            pass
     return ctypes.CDLL(cands[0])
+
+def nvrtc_cubin(lib, src, opts):
+    """(rc, log, cubin bytes) for a real architecture."""
+    prog = ctypes.c_void_p()
+    lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"k.cu", 0, None, None)
+    arr = (ctypes.c_char_p * len(opts))(*[x.encode() for x in opts])
+    r = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    n = ctypes.c_size_t(); lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    buf = ctypes.create_string_buffer(n.value); lib.nvrtcGetProgramLog(prog, buf)
+    cubin = b""
+    if r == 0:
+        m = ctypes.c_size_t(); lib.nvrtcGetCUBINSize(prog, ctypes.byref(m))
+        cb = ctypes.create_string_buffer(m.value); lib.nvrtcGetCUBIN(prog, cb)
+        cubin = cb.raw
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return r, buf.value.decode(errors="replace"), cubin
 
 def nvrtc_compile(lib, src, opts):
     prog = ctypes.c_void_p()
@@ -80,7 +110,7 @@ def cmd_compile(tasks):
                     key = tuple(sorted(cfg.items()))
                     if key in seen:
                         continue
-                    r, log = nvrtc_compile(lib, src, opts_for(task, cfg) + ["--ptxas-options=-v"])
+                    r, log = nvrtc_compile(lib, src, opts_for(task, cfg, src) + ["--ptxas-options=-v"])
                     regs = ",".join(re.findall(r"Used (\d+) registers", log))
                     spill = re.findall(r"(\d+) bytes spill stores", log)
                     smem = re.findall(r"(\d+) bytes smem", log)
@@ -152,12 +182,22 @@ def reference(task, wl, ins):
     raise KeyError(name)
 
 _mods = {}
+_lib = None
 def module(task_name, kern, cfg, task):
+    """NVRTC (ctypes) to a CUBIN for sm_90 or sm_90a, loaded by CuPy from a file."""
+    global _lib
     key = (task_name, kern["file"], tuple(sorted(cfg.items())))
     if key not in _mods:
+        if _lib is None:
+            _lib = nvrtc_lib()
         src = open(os.path.join(ROOT, "tasks", task_name, kern["file"])).read()
-        opts = tuple(o for o in opts_for(task, cfg) if not o.startswith("--gpu-architecture"))
-        _mods[key] = cp.RawModule(code=src, options=opts, backend="nvrtc")
+        r, log, cubin = nvrtc_cubin(_lib, src, opts_for(task, cfg, src))
+        if r != 0:
+            raise RuntimeError("compile failed: " + log[:2000])
+        import tempfile
+        fd, path = tempfile.mkstemp(suffix=".cubin")
+        os.write(fd, cubin); os.close(fd)
+        _mods[key] = cp.RawModule(path=path)
     return _mods[key]
 
 class Runner:
@@ -214,8 +254,14 @@ def check(task, outs, refs):
         err = (o64 - r64).abs()
         lim = tol["atol"] + tol["rtol"] * r64.abs()
         bad = ~(err <= lim)   # NaN counts as bad
-        nbad += int(bad.sum())
+        nb = int(bad.sum())
+        nbad += nb
         worst = max(worst, float((err / lim).nan_to_num(nan=1e30).max()))
+        if nb:  # where the bad elements are: first few indices, and along each axis how many indices hold any
+            idx = bad.nonzero()[:4].tolist()
+            spread = [int(bad.transpose(0, i).reshape(bad.shape[i], -1).any(1).sum()) for i in range(bad.dim())]
+            print(f"    {t['name']}: {nb} of {bad.numel()} bad; first {idx}; per axis, indices with a bad element: {spread} of {list(bad.shape)};"
+                  f" got {o64[tuple(idx[0])].item():.4g} want {r64[tuple(idx[0])].item():.4g}")
     return nbad, worst
 
 def peer(task_name, task, wl, ins):
@@ -242,17 +288,28 @@ def run(tasks, sweep_all=True):
     for tn in tasks:
         task = load_task(tn)
         cu = task["backends"]["cuda"]
-        for kind in ("search", "heldout"):
+        for kind in ("search", "heldout") if os.environ.get("KS_HELDOUT", "1") != "0" else ("search",):
             for wi, wl in enumerate(cu[kind]):
                 ins = make_inputs(task, wl, 1234 + wi)
                 refs = reference(task, wl, ins)
                 flops = ev(task["flops"].replace("/", "/"), wl) if task.get("flops") else 0
                 pr = peer(tn, task, wl, ins)
                 kernels = [dict(cu["seed"], name="seed")] + cu.get("kernels", [])
+                only = [k for k in os.environ.get("KS_KERNELS", "").split(",") if k]
+                if only:
+                    kernels = [k for k in kernels if k["name"] in only]
                 best = {}
                 for kern in kernels:
                     cfgs = list(configs(kern, wl))
-                    limit = int(os.environ.get("KS_MAXCFG", "1000"))
+                    dflt = {t["name"]: t.get("default", t["values"][0]) for t in kern.get("tunables", [])}
+                    if dflt in cfgs:  # the default first
+                        cfgs.remove(dflt); cfgs.insert(0, dflt)
+                    # KS_MAXCFG: one number for every kernel, or name=n pairs (others: 1000)
+                    mc = os.environ.get("KS_MAXCFG", "1000")
+                    if "=" in mc:
+                        limit = dict((a, int(b)) for a, b in (x.split("=") for x in mc.split(","))).get(kern["name"], 1000)
+                    else:
+                        limit = int(mc)
                     for cfg in cfgs[:limit]:
                         try:
                             r = Runner(tn, task, kern, cfg, wl, ins)

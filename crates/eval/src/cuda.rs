@@ -547,6 +547,196 @@ fn first_lines(s: &str, n: usize) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Inputs
+
+/// The same tensors as [`make_inputs`] for each of `ws` (byte for byte: the same seeded draws),
+/// drawn on several threads: large tensors are cut into parts, each part's generator skipped
+/// ahead to its first element. Large workloads (attention 4x32x2048x128: 100 M values) otherwise
+/// spend seconds here per evaluation.
+pub fn make_inputs_parallel(task: &Task, backend: &str, ws: &[WorkloadReq]) -> Result<Vec<Vec<HostTensor>>, String> {
+    make_inputs_parts(task, backend, ws, 1 << 20)
+}
+
+/// Fills `out` with the values `ksearch_core::data::draw` returns at positions
+/// `start..start + out.len()` of the stream seeded by `seed`.
+fn draw_part(init: &ksearch_core::task::Init, dtype: ksearch_core::task::DType, seed: u64, start: usize, out: &mut [f64]) {
+    use ksearch_core::data::{Rng, round_to};
+    use ksearch_core::task::Init;
+    let mut rng = Rng::new(seed);
+    // Generator steps per value, as `draw` consumes them (Box-Muller: two uniforms per normal).
+    let per = match init {
+        Init::Normal { .. } => 2,
+        Init::Uniform { .. } => 1,
+    };
+    for _ in 0..start * per {
+        rng.next_u64();
+    }
+    for x in out.iter_mut() {
+        let v = match *init {
+            Init::Normal { mean, std } => mean + std * rng.normal(),
+            Init::Uniform { lo, hi } => lo + (hi - lo) * rng.uniform(),
+        };
+        *x = round_to(v, dtype);
+    }
+}
+
+/// [`make_inputs_parallel`] with parts of at least `min_part` elements (tests force small parts).
+pub fn make_inputs_parts(
+    task: &Task,
+    backend: &str,
+    ws: &[WorkloadReq],
+    min_part: usize,
+) -> Result<Vec<Vec<HostTensor>>, String> {
+    use ksearch_core::data;
+    use ksearch_core::task::shape_of;
+    struct Job {
+        wi: usize,
+        ti: usize,
+        seed: u64,
+        shape: Vec<usize>,
+        n: usize,
+    }
+    let mut jobs: Vec<Job> = Vec::new();
+    for (wi, w) in ws.iter().enumerate() {
+        for (ti, t) in task.inputs.iter().enumerate() {
+            let shape = shape_of(t, &w.axes)?;
+            let n = shape.iter().product();
+            jobs.push(Job {
+                wi,
+                ti,
+                seed: data::sub_seed(w.seed, ti),
+                shape,
+                n,
+            });
+        }
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 32);
+    let total: usize = jobs.iter().map(|j| j.n).sum();
+    let target = (total / threads).max(min_part.max(1));
+    // Each tensor's buffers, filled in place by parts of `step` elements.
+    let mut bufs: Vec<(Vec<f64>, Vec<u8>, ksearch_core::task::DType)> = jobs
+        .iter()
+        .map(|j| {
+            let dtype = task.dtype_on(backend, &task.inputs[j.ti]);
+            (vec![0.0f64; j.n], vec![0u8; j.n * dtype.size()], dtype)
+        })
+        .collect();
+    {
+        type Part<'a> = (usize, usize, &'a mut [f64], &'a mut [u8]);
+        let mut work: Vec<Part> = Vec::new();
+        for (k, (j, (v, b, dtype))) in jobs.iter().zip(bufs.iter_mut()).enumerate() {
+            let step = j.n.div_ceil(j.n.div_ceil(target).max(1)).max(1);
+            for (i, (vs, bs)) in v.chunks_mut(step).zip(b.chunks_mut(step * dtype.size())).enumerate() {
+                work.push((k, i * step, vs, bs));
+            }
+        }
+        // Largest parts first.
+        work.sort_by_key(|w| w.2.len());
+        let fill = |(k, start, vs, bs): Part| {
+            let j = &jobs[k];
+            let t = &task.inputs[j.ti];
+            let dtype = task.dtype_on(backend, t);
+            draw_part(&t.init, dtype, j.seed, start, vs);
+            // Encoded in cache-sized pieces, straight into the tensor's bytes.
+            const PIECE: usize = 1 << 14;
+            for (v, b) in vs.chunks(PIECE).zip(bs.chunks_mut(PIECE * dtype.size())) {
+                b.copy_from_slice(&data::encode(v, dtype));
+            }
+        };
+        if threads == 1 || work.len() <= 1 {
+            work.into_iter().for_each(fill);
+        } else {
+            let n_threads = threads.min(work.len());
+            let queue = std::sync::Mutex::new(work);
+            std::thread::scope(|s| {
+                for _ in 0..n_threads {
+                    s.spawn(|| {
+                        loop {
+                            let item = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                            match item {
+                                Some(w) => fill(w),
+                                None => break,
+                            }
+                        }
+                    });
+                }
+            });
+        }
+    }
+    let mut out: Vec<Vec<HostTensor>> = ws.iter().map(|_| Vec::new()).collect();
+    for (j, (values, bytes, dtype)) in jobs.iter().zip(bufs) {
+        out[j.wi].push(HostTensor {
+            name: task.inputs[j.ti].name.clone(),
+            dtype,
+            shape: j.shape.clone(),
+            values,
+            bytes,
+        });
+    }
+    Ok(out)
+}
+
+/// [`check_outputs`] on several threads: every element of every output is compared in parts;
+/// when all pass, the merged [`ksearch_core::data::Check`] is the one `check_outputs` returns
+/// (counts and maxima do not depend on the order). Anything else (a failure, an output with no
+/// tolerance of its own) goes through `check_outputs` itself, for its exact report.
+pub fn check_outputs_parallel(
+    task: &Task,
+    backend: &str,
+    outputs: &[Vec<u8>],
+    refs: &[Vec<f64>],
+) -> (ksearch_core::data::Check, Option<Failure>) {
+    use ksearch_core::data::{self, Check};
+    const PART: usize = 1 << 20;
+    let total: usize = refs.iter().map(|r| r.len()).sum();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 32);
+    let own_tol = task
+        .outputs
+        .iter()
+        .all(|t| task.tolerance.contains_key(&task.dtype_on(backend, t)));
+    if threads == 1 || total < 2 * PART || !own_tol || outputs.len() != refs.len() || task.outputs.len() != refs.len() {
+        return check_outputs(task, backend, outputs, refs);
+    }
+    let mut work: Vec<(&[u8], &[f64], ksearch_core::task::DType, ksearch_core::task::Tolerance)> = Vec::new();
+    for ((spec, out), r) in task.outputs.iter().zip(outputs).zip(refs) {
+        let dt = task.dtype_on(backend, spec);
+        let tol = task.tolerance[&dt];
+        if out.len() != r.len() * dt.size() {
+            return check_outputs(task, backend, outputs, refs);
+        }
+        for (o, rr) in out.chunks(PART * dt.size()).zip(r.chunks(PART)) {
+            work.push((o, rr, dt, tol));
+        }
+    }
+    let queue = std::sync::Mutex::new(work);
+    let merged = std::sync::Mutex::new(Check::default());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                let mut mine = Check::default();
+                loop {
+                    let item = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let Some((o, r, dt, tol)) = item else { break };
+                    mine.merge(&data::check(o, dt, r, tol));
+                }
+                merged.lock().unwrap_or_else(|e| e.into_inner()).merge(&mine);
+            });
+        }
+    });
+    let c = merged.into_inner().unwrap_or_else(|e| e.into_inner());
+    if !c.passed() {
+        return check_outputs(task, backend, outputs, refs);
+    }
+    (c, None)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Device memory
 
 /// A device allocation, freed on drop.
@@ -1199,6 +1389,13 @@ impl CudaBackend {
         }
         progress("compiled");
         let n = req.workloads.len();
+        // Every workload's inputs at once, on several threads (a failure surfaces per workload).
+        let t_draw = Instant::now();
+        let mut drawn: Vec<Option<Vec<HostTensor>>> = match make_inputs_parallel(&req.task, &req.backend, &req.workloads) {
+            Ok(v) => v.into_iter().map(Some).collect(),
+            Err(_) => req.workloads.iter().map(|_| None).collect(),
+        };
+        reply.overhead_s += t_draw.elapsed().as_secs_f64();
         for (wi, w) in req.workloads.iter().enumerate() {
             let mut res = WorkloadResult {
                 label: w.label.clone(),
@@ -1206,7 +1403,8 @@ impl CudaBackend {
                 seed: w.seed,
                 ..WorkloadResult::default()
             };
-            match self.run_workload(req, &fns, w, &mut res, &mut reply) {
+            let inputs = drawn.get_mut(wi).and_then(Option::take);
+            match self.run_workload(req, &fns, w, inputs, &mut res, &mut reply) {
                 Ok(()) => {}
                 Err(Stop::Fail(f)) => res.failure = Some(f),
                 Err(Stop::Fault(msg)) => die(&format!("workload {}/{n} ({}): {msg}", wi + 1, w.label)),
@@ -1222,12 +1420,16 @@ impl CudaBackend {
         req: &EvalRequest,
         fns: &[sys::CUfunction],
         w: &WorkloadReq,
+        drawn: Option<Vec<HostTensor>>,
         res: &mut WorkloadResult,
         reply: &mut EvalReply,
     ) -> Result<(), Stop> {
         let t_other = Instant::now();
         let task = &req.task;
-        let inputs = make_inputs(task, &req.backend, w).map_err(|e| fail(FailureClass::Infra, e))?;
+        let inputs = match drawn {
+            Some(v) => v,
+            None => make_inputs(task, &req.backend, w).map_err(|e| fail(FailureClass::Infra, e))?,
+        };
         let outs = output_specs(task, &req.backend, w).map_err(|e| fail(FailureClass::Infra, e))?;
         res.bytes = task.min_bytes(&req.backend, &w.axes).unwrap_or(0.0);
         res.flops = task.flops(&w.axes);
@@ -1376,7 +1578,7 @@ impl CudaBackend {
             }
             payloads.push(back[GUARD..GUARD + n].to_vec());
         }
-        let (mut c, f) = check_outputs(task, backend, &payloads, refs);
+        let (mut c, f) = check_outputs_parallel(task, backend, &payloads, refs);
         // JSON has no NaN or infinity (serde_json writes null, which does not read back as f64).
         for v in [&mut c.max_abs_err, &mut c.max_rel_err] {
             if !v.is_finite() {

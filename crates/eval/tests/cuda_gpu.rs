@@ -114,6 +114,8 @@ fn softmax_request(id: u64, file: &str, shared: &str, w: Workload, check_only: b
                 grid: ["rows".into(), "1".into(), "1".into()],
                 block: ["256".into(), "1".into(), "1".into()],
                 shared: shared.into(),
+                inputs: vec![],
+                outputs: vec![],
             }],
             scratch: vec![],
             defines: BTreeMap::new(),
@@ -400,4 +402,92 @@ fn shipped_cuda_kernels_pass() {
 
 fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or("")
+}
+
+/// Host-side cost of one evaluation at the largest attention workload: drawing the seeded
+/// inputs and checking every element (no GPU needed). `--ignored` to run.
+#[test]
+#[ignore]
+fn host_costs_at_scale() {
+    let t = task("attention");
+    let r = wreq(&t, wl(&[("B", 4), ("H", 32), ("L", 2048), ("D", 128), ("causal", 0)]), 11);
+    let t0 = Instant::now();
+    let inputs = make_inputs(&t, "cuda", &r).unwrap();
+    let draw_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let par = ksearch_eval::cuda::make_inputs_parallel(&t, "cuda", std::slice::from_ref(&r)).unwrap();
+    let gen_par = t1.elapsed().as_secs_f64();
+    assert_eq!(par.len(), 1);
+    for (a, b) in inputs.iter().zip(&par[0]) {
+        assert_eq!(a.bytes, b.bytes, "parallel inputs differ for `{}`", a.name);
+        assert_eq!(a.values, b.values, "parallel inputs differ for `{}`", a.name);
+    }
+    let refs: Vec<Vec<f64>> = vec![inputs[0].values.clone()];
+    let out = vec![inputs[0].bytes.clone()];
+    let t2 = Instant::now();
+    let (c, _) = ksearch_eval::common::check_outputs(&t, "cuda", &out, &refs);
+    let chk = t2.elapsed().as_secs_f64();
+    println!(
+        "host costs {}: inputs {draw_s:.2} s (parallel {gen_par:.2} s), one check of {} elements {chk:.2} s",
+        r.label, c.elements
+    );
+}
+
+/// The CUDA back-end's parallel input drawing gives exactly `make_inputs`'s tensors (no GPU
+/// needed): every task's CUDA search workloads shrunk, parts forced small.
+#[test]
+fn parallel_inputs_match_make_inputs() {
+    for (name, w) in [
+        ("attention", wl(&[("B", 1), ("H", 3), ("L", 130), ("D", 64), ("causal", 1)])),
+        ("mamba_scan", wl(&[("batch", 2), ("L", 77), ("D", 96), ("N", 16)])),
+        ("mamba_step", wl(&[("batch", 3), ("D", 100), ("N", 16)])),
+        ("softmax", wl(&[("rows", 33), ("cols", 1001)])),
+    ] {
+        let t = task(name);
+        let reqs = vec![wreq(&t, w.clone(), 17), wreq(&t, w, 18)];
+        for min_part in [1, 7, 1000, 1 << 20] {
+            let par = ksearch_eval::cuda::make_inputs_parts(&t, "cuda", &reqs, min_part).unwrap();
+            assert_eq!(par.len(), reqs.len());
+            for (r, got) in reqs.iter().zip(&par) {
+                let want = make_inputs(&t, "cuda", r).unwrap();
+                assert_eq!(want.len(), got.len());
+                for (a, b) in want.iter().zip(got) {
+                    assert_eq!((&a.name, a.dtype, &a.shape), (&b.name, b.dtype, &b.shape));
+                    assert_eq!(a.bytes, b.bytes, "{name}: `{}` differs (min_part {min_part})", a.name);
+                    assert_eq!(a.values, b.values, "{name}: `{}` differs (min_part {min_part})", a.name);
+                }
+            }
+        }
+    }
+}
+
+/// The parallel element check reports what `check_outputs` reports (no GPU needed).
+#[test]
+fn parallel_check_matches_check_outputs() {
+    use ksearch_core::data;
+    use ksearch_core::task::DType;
+    let t = task("mamba_scan");
+    let w = wl(&[("batch", 1), ("L", 1200), ("D", 2048), ("N", 16)]);
+    let r = wreq(&t, w, 5);
+    let inputs = make_inputs(&t, "cuda", &r).unwrap();
+    // Reference: u as y (f16) and A tiled as the state (f32); outputs: the same values, perturbed.
+    let y_ref: Vec<f64> = inputs[0].values.clone();
+    let n_state = 2048 * 16;
+    let s_ref: Vec<f64> = (0..n_state).map(|i| inputs[2].values[i % inputs[2].values.len()]).collect();
+    let refs = vec![y_ref.clone(), s_ref.clone()];
+    let mut y_out = y_ref.iter().map(|v| v * (1.0 + 1e-3)).collect::<Vec<_>>();
+    let s_out = s_ref.iter().map(|v| v + 1e-6).collect::<Vec<_>>();
+    let enc = |y: &[f64], s: &[f64]| vec![data::encode(y, DType::F16), data::encode(s, DType::F32)];
+    let a = ksearch_eval::common::check_outputs(&t, "cuda", &enc(&y_out, &s_out), &refs);
+    let b = ksearch_eval::cuda::check_outputs_parallel(&t, "cuda", &enc(&y_out, &s_out), &refs);
+    assert!(a.0.passed() && a.1.is_none());
+    assert_eq!(a.0, b.0);
+    assert!(b.1.is_none());
+    // One bad element far in: the same failure.
+    y_out[1_500_000] += 1.0;
+    let a = ksearch_eval::common::check_outputs(&t, "cuda", &enc(&y_out, &s_out), &refs);
+    let b = ksearch_eval::cuda::check_outputs_parallel(&t, "cuda", &enc(&y_out, &s_out), &refs);
+    assert!(!a.0.passed());
+    assert_eq!(a.0, b.0);
+    assert_eq!(a.1.map(|f| f.message), b.1.map(|f| f.message));
 }
