@@ -254,6 +254,29 @@ def _tail_project(block, x):
     return delta, Bm, Cm
 
 
+def _tail_continue(y, state, h0, delta, A, Cm, chunk=256):
+    """A scan that started from a zero state, continued from the state `h0` ([b, D, N]) instead:
+    the recurrence is linear in h, and the decay from step 0 to step t is
+    prod_s exp(delta_s * A) = exp(A * sum_s delta_s), so
+        y_t += <Cm_t, exp(A * S_t) * h0>,   state += exp(A * S_T) * h0,   S = cumsum(delta).
+    Works in time chunks so the [b, chunk, D, N] decay tensor stays small. Used for chunked
+    prefill (mlx-lm's generate prefills long prompts in pieces)."""
+    f32 = mx.float32
+    h0 = h0.astype(f32)[:, None]  # [b, 1, D, N]
+    S = mx.cumsum(delta.astype(f32), axis=1)  # [b, T, D]
+    C = Cm.astype(f32)
+    parts = []
+    T = y.shape[1]
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        decay = mx.exp(S[:, t0:t1, :, None] * A)  # [b, c, D, N]
+        parts.append(mx.sum(decay * h0 * C[:, t0:t1, None, :], axis=-1))
+    corr = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=1)
+    y = (y.astype(f32) + corr).astype(y.dtype)
+    state = state.astype(f32) + mx.exp(S[:, -1, :, None] * A) * h0[:, 0]
+    return y, state
+
+
 def patch_mlx_lm(scan=None, step=None, compile_decode=True):
     """Replaces mlx-lm's `MambaBlock._process_sequence` (mlx-lm 0.32) so that
     - prefill (no incoming SSM state) runs in-proj, conv, silu, x_proj, dt_proj and softplus as
@@ -262,7 +285,9 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True):
     - decode (T == 1 with a state) calls `step(u, delta, A, Bm, Cm, Dv, state_in) -> (y, state)`
       when given (also for a one-token prompt, from a zero state); the SSM state is kept in the
       cache in f32;
-    - anything else (T > 1 with a state, or a missing kernel) runs the stock method.
+    - T > 1 with an incoming state (chunked prefill) runs the scan from zero and adds the
+      incoming state's decayed contribution exactly (`_tail_continue`);
+    - anything else (a missing kernel) runs the stock method.
     A = -exp(A_log) and Dv = D are passed in f32, u, delta, Bm, Cm in the model's dtype (the
     exported functions cast them to the kernel's dtypes). In a module exported for mamba_scan
     (mamba_step) `scan` (`step`) defaults to the module's own function.
@@ -309,7 +334,8 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True):
     def _process_sequence(self, x, conv_cache, state_cache):
         T = x.shape[1]
         use_step = T == 1 and step is not None
-        use_scan = not use_step and state_cache is None and scan is not None
+        # one token with a state and no step kernel: stock's step is cheaper than scan + continue
+        use_scan = not use_step and scan is not None and (T > 1 or state_cache is None)
         if not (use_scan or use_step):
             stats["stock"] += 1
             return stock(self, x, conv_cache, state_cache)
@@ -349,6 +375,8 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True):
         delta, Bm, Cm = _tail_project(self, x)
         if not use_step:
             y, state = scan(x, delta, A, Bm, Cm, Dv)
+            if state_cache is not None:
+                y, state = _tail_continue(y, state, state_cache, delta, A, Cm)
         else:
             if state_cache is None:
                 state_cache = mx.zeros((x.shape[0], x.shape[-1], self.ssm_state_size), dtype=f32)

@@ -252,7 +252,7 @@ def test_scan_only_and_step_only():
         tail.patch_mlx_lm()
 
 
-def test_multi_token_with_state_falls_back_to_stock():
+def test_multi_token_with_state_continues_the_scan_from_that_state():
     m = tiny_model()
     ids = mx.random.randint(0, 100, (1, 10))
     more = mx.random.randint(0, 100, (1, 5))
@@ -268,9 +268,16 @@ def test_multi_token_with_state_falls_back_to_stock():
     tail = load_tail_standalone()
     unpatch = tail.patch_mlx_lm(scan=ref_scan, step=ref_step)
     pa, pb = two_chunks()
-    assert unpatch.stats == {"scan": 2, "step": 0, "stock": 2}
+    unpatch()
+    assert unpatch.stats == {"scan": 4, "step": 0, "stock": 0}
     assert_close(pa, sa, what="first chunk")
-    assert_close(pb, sb, what="second chunk (stock fallback on the kernel's f32 state)")
+    assert_close(pb, sb, what="second chunk (scan from zero + the incoming state's decay)")
+    # without a scan the continuation is stock's
+    unpatch = tail.patch_mlx_lm(step=ref_step)
+    qa, qb = two_chunks()
+    unpatch()
+    assert unpatch.stats["stock"] == 4
+    assert_close(qb, sb, what="stock continuation")
 
 
 def test_one_token_prompt_uses_step_from_zero_state():

@@ -101,6 +101,18 @@ impl Drop for Worker {
     }
 }
 
+/// A task kernel at its default configuration, as the planner would send it.
+fn candidate_of(k: &ksearch_core::KernelSpec) -> Candidate {
+    Candidate {
+        lang: ksearch_core::Lang::MlxCuda,
+        source: k.source.clone(),
+        launches: k.launches.clone(),
+        scratch: k.scratch.clone(),
+        defines: k.default_config(),
+        options: BTreeMap::new(),
+    }
+}
+
 fn floats(v: &serde_json::Value) -> Vec<f64> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
 }
@@ -235,14 +247,7 @@ fn an_eval_on_the_cpu_back_end_fails_as_infra_and_the_worker_keeps_serving() {
     }
     let t = task("softmax");
     let k = &t.backend("mlx-cuda").expect("softmax has an mlx-cuda section").seed;
-    let cand = Candidate {
-        lang: ksearch_core::Lang::MlxCuda,
-        source: k.source.clone(),
-        launches: k.launches.clone(),
-        scratch: k.scratch.clone(),
-        defines: k.default_config(),
-        options: BTreeMap::new(),
-    };
+    let cand = candidate_of(k);
     let mut w = Worker::start(&py, "mlx-cuda");
     let hello = w.line();
     assert_eq!(hello["kernels"], false, "{hello}");
@@ -281,14 +286,7 @@ fn export_writes_a_self_contained_module_of_the_best_kernel() {
     let t = task("mamba_scan");
     let b = t.backend("mlx-cuda").expect("mamba_scan has an mlx-cuda section");
     let k = b.kernels.first().unwrap_or(&b.seed);
-    let cand = Candidate {
-        lang: ksearch_core::Lang::MlxCuda,
-        source: k.source.clone(),
-        launches: k.launches.clone(),
-        scratch: k.scratch.clone(),
-        defines: k.default_config(),
-        options: BTreeMap::new(),
-    };
+    let cand = candidate_of(k);
     {
         let store = ksearch_store::Store::open(&db).unwrap();
         let cfg = serde_json::json!({
