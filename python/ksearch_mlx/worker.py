@@ -635,6 +635,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     channel = Channel()
     args = parse_args(argv)
     setup_environment(args)
+    try:
+        import mlx.core  # noqa: F401
+    except ImportError as e:
+        # One line for the supervisor to show, instead of a traceback.
+        print(
+            f"ksearch_mlx: MLX cannot be imported by {sys.executable} ({e}); "
+            "pip install mlx==0.32.4 (and mlx-cuda-13 on Linux with an NVIDIA GPU)",
+            file=sys.stderr,
+        )
+        return 4
     worker = Worker(args.backend, args.cache)
     return serve(worker, channel)
 

@@ -309,8 +309,9 @@ fn start_pool(cfg: &RunConfig) -> Result<(ksearch_eval::Pool, String)> {
     for w in pool.workers.iter_mut() {
         device = w.start().map_err(|e| {
             if crate::driver::is_mlx(&cfg.backend) {
+                let e = e.trim_start_matches("worker did not start: ").trim();
                 anyhow::anyhow!(
-                    "{} worker (python -m ksearch_mlx.worker) did not start: {e}; install MLX with `pip install -e python` (and `mlx-cuda-13` on Linux), or set KSEARCH_PYTHON to an interpreter that has it",
+                    "the {} worker (python -m ksearch_mlx.worker) did not start: {e}; set KSEARCH_PYTHON to an interpreter with MLX (pip install -e python)",
                     cfg.backend
                 )
             } else {

@@ -355,3 +355,37 @@ fn export_writes_a_self_contained_module_of_the_best_kernel() {
         .unwrap();
     assert!(!o.status.success());
 }
+
+/// An interpreter without MLX: one line that names the interpreter and what to install, exit 2,
+/// no run recorded. (`python3 -S` hides site-packages, so MLX cannot be imported.)
+#[test]
+fn a_python_without_mlx_is_reported_in_one_line() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let py = d.path().join("python-without-site");
+    std::fs::write(&py, "#!/bin/sh\nexec python3 -S \"$@\"\n").unwrap();
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let store = d.path().join("s.db");
+    let o = Command::cargo_bin("ksearch")
+        .unwrap()
+        .current_dir(repo())
+        .env("KSEARCH_PYTHON", &py)
+        .args([
+            "--store",
+            store.to_str().unwrap(),
+            "--quiet",
+            "run",
+            "mamba_scan",
+            "--backend",
+            "mlx-cuda",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("MLX cannot be imported") && err.contains("KSEARCH_PYTHON"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+}
