@@ -351,3 +351,25 @@ def test_baseline_results_off_tolerance_are_reported_not_failed():
     # mlx-lm's f16 products leave its f32 state a little outside the f32 tolerance here.
     assert res["check"]["mismatches"] > 0
     assert "outside tolerance (reported, not a failure): small: output `state_out`" in reply["compile"]["log"]
+
+
+def test_small_calls_are_timed_in_batches_with_rotated_inputs():
+    # ~85 us per call (MLX's fixed cost dominates): a dozen calls per sample, inputs rotated
+    assert worker.choose_batch(85.0, 1e6) == (11, 11)
+    # a big working set: batched, but as few copies as fit the rotation budget
+    assert worker.choose_batch(85.0, 200e6) == (11, 2)
+    # calls of a millisecond or more, or unmeasured: one per sample
+    assert worker.choose_batch(1500.0, 1e6) == (1, 1)
+    assert worker.choose_batch(0.0, 1e6) == (1, 1)
+    assert worker.choose_batch(1.0, 1.0)[0] == worker.BATCH_MAX
+    calls, batches = [], []
+    samples = worker.time_reps(
+        lambda: calls.append(1),
+        {"warmup": 1, "min_reps": 4, "max_reps": 4, "target_ms": 0.0, "flush": False},
+        None,
+        batch=8,
+        run_batch=batches.append,
+    )
+    assert len(samples) == 4 and batches == [8, 8, 8, 8] and calls == [1]
+    with pytest.raises(ValueError):
+        worker.time_reps(lambda: None, {}, None, batch=2)
