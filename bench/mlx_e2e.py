@@ -308,6 +308,7 @@ def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, st
             mm["decode"]["patched_tok_s"] = tps
             mm["decode"]["speedup"] = tps / mm["decode"]["stock_tok_s"]
             mm["decode"]["stats"] = dict(unpatch.stats)
+            mm["decode"]["compiled"] = dict(getattr(unpatch, "compiled", {}) or {})
             c = {"logits_every_step": compare(lg_p, lg_stock),
                  "logits_last_step": compare(lg_p[-1], lg_stock[-1]),
                  "argmax_equal_steps": int((mx.argmax(lg_p, -1) == mx.argmax(lg_stock, -1)).sum().item()),
@@ -322,6 +323,16 @@ def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, st
             mm["compare"]["decode_patched_vs_stock"] = c
             log(f"patched decode: {tps:.1f} tok/s; " + json.dumps(c["logits_every_step"]))
             unpatch()
+            # the same patch without the compiled decode path, to tell the two effects apart
+            try:
+                unpatch = patcher.patch_mlx_lm(scan=scan, step=step, compile_decode=False)
+                tps2, _, _ = decode_run(m, prompt, toks, warm_steps)
+                mm["decode"]["patched_uncompiled_tok_s"] = tps2
+                log(f"patched decode without mx.compile: {tps2:.1f} tok/s")
+            except TypeError:  # a module exported before compile_decode existed
+                pass
+            finally:
+                unpatch()
     except Exception:
         mm["decode"]["error"] = err_tail()
         log("decode failed: " + mm["decode"]["error"][-300:])
@@ -371,6 +382,11 @@ def table(res):
               f"{' FLAG' if c['flag'] else ''}") if c else "-"
         lines.append(f"{'decode tok/s':<26}{fmt(de.get('stock_tok_s'), '12.1f'):>12}{fmt(de.get('patched_tok_s'), '12.1f'):>12}"
                      f"{fmt(de.get('speedup'), '.2f', 'x'):>10}  {cs}")
+        comp = de.get("compiled") or {}
+        if "patched_uncompiled_tok_s" in de or comp:
+            lines.append(f"  decode path: {comp.get('compiled_calls', 0)} compiled calls"
+                         + (f", compile error: {comp['error'][:120]}" if comp.get("error") else "")
+                         + (f"; without mx.compile {de['patched_uncompiled_tok_s']:.1f} tok/s" if "patched_uncompiled_tok_s" in de else ""))
         L0 = min(mm["lengths"])
         a, b = mm["compare"].get(f"prefill_{L0}_stock_f16_vs_f32"), mm["compare"].get(f"prefill_{L0}_patched_f16_vs_f32")
         if a:

@@ -344,6 +344,9 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True):
             if entry is None or entry[0] is not self:
                 fn = mx.compile(lambda x_, cc_, sc_, blk=self: _plain(blk, x_, cc_, sc_), inputs=self.state)
                 entry = compiled[id(self)] = (self, fn)
+            # A trace that fails can leave tracers in the module's arrays (mx.compile swaps the
+            # captured inputs while tracing): keep the real ones to put back.
+            saved = self.parameters() if cstats["compiled_calls"] == 0 else None
             try:
                 out = entry[1](x, conv_cache, state_cache)
                 stats["step"] += 1
@@ -351,6 +354,10 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True):
                 return out
             except Exception as e:  # e.g. a primitive mx.compile cannot trace here: run it plainly
                 cstats["error"] = f"{type(e).__name__}: {e}"
+                compiled.clear()
+                consts.clear()
+                if saved is not None:
+                    self.update(saved)
         if use_step:
             stats["step"] += 1
         else:

@@ -226,6 +226,32 @@ def test_compiled_decode_matches_stock_and_traces_the_step_once_per_block():
         assert_close(a, b, what="final SSM state")
 
 
+def test_a_step_mx_compile_cannot_trace_falls_back_and_leaves_the_model_intact():
+    m = tiny_model(bcdt=False)
+    ids = mx.random.randint(0, 100, (2, 23))
+    steps = [5, 17, 99]
+    stock_logits, _ = prefill_and_decode(m, ids, steps)
+
+    def untraceable_step(*args):
+        y, h = ref_step(*args)
+        mx.eval(y, h)  # not allowed while mx.compile traces
+        return y, h
+
+    tail = load_tail_standalone()
+    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=untraceable_step)
+    try:
+        logits, _ = prefill_and_decode(m, ids, steps)
+    finally:
+        unpatch()
+    assert unpatch.compiled["error"] and unpatch.compiled["compiled_calls"] == 0
+    assert unpatch.stats["step"] == 2 * len(steps)
+    for i, (a, b) in enumerate(zip(logits, stock_logits)):
+        assert_close(a, b, what=f"logits {i}")
+    again, _ = prefill_and_decode(m, ids, steps)  # the weights are the real arrays again
+    for a, b in zip(again, stock_logits):
+        assert mx.array_equal(a, b).item()
+
+
 def test_scan_only_and_step_only():
     m = tiny_model()
     ids = mx.random.randint(0, 100, (1, 12))
