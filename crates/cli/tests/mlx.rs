@@ -113,6 +113,18 @@ fn candidate_of(k: &ksearch_core::KernelSpec) -> Candidate {
     }
 }
 
+/// `ksearch --store STORE --quiet run ARGS…` with the MLX worker on interpreter `py`.
+fn ksearch_run(py: &str, store: &Path, args: &[&str]) -> std::process::Output {
+    Command::cargo_bin("ksearch")
+        .unwrap()
+        .current_dir(repo())
+        .env("KSEARCH_PYTHON", py)
+        .args(["--store", store.to_str().unwrap(), "--quiet", "run"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 fn floats(v: &serde_json::Value) -> Vec<f64> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
 }
@@ -203,23 +215,7 @@ fn a_run_on_mlx_without_a_gpu_back_end_is_refused_with_the_reason_and_records_no
     }
     let d = tempfile::tempdir().unwrap();
     let store = d.path().join("s.db");
-    let o = Command::cargo_bin("ksearch")
-        .unwrap()
-        .current_dir(repo())
-        .env("KSEARCH_PYTHON", &py)
-        .args([
-            "--store",
-            store.to_str().unwrap(),
-            "--quiet",
-            "run",
-            "softmax",
-            "--backend",
-            "mlx",
-            "--rounds",
-            "2",
-        ])
-        .output()
-        .unwrap();
+    let o = ksearch_run(&py, &store, &["softmax", "--backend", "mlx", "--rounds", "2"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
@@ -366,21 +362,7 @@ fn a_python_without_mlx_is_reported_in_one_line() {
     std::fs::write(&py, "#!/bin/sh\nexec python3 -S \"$@\"\n").unwrap();
     std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
     let store = d.path().join("s.db");
-    let o = Command::cargo_bin("ksearch")
-        .unwrap()
-        .current_dir(repo())
-        .env("KSEARCH_PYTHON", &py)
-        .args([
-            "--store",
-            store.to_str().unwrap(),
-            "--quiet",
-            "run",
-            "mamba_scan",
-            "--backend",
-            "mlx-cuda",
-        ])
-        .output()
-        .unwrap();
+    let o = ksearch_run(py.to_str().unwrap(), &store, &["mamba_scan", "--backend", "mlx-cuda"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
