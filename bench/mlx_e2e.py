@@ -323,16 +323,20 @@ def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, st
             mm["compare"]["decode_patched_vs_stock"] = c
             log(f"patched decode: {tps:.1f} tok/s; " + json.dumps(c["logits_every_step"]))
             unpatch()
-            # the same patch without the compiled decode path, to tell the two effects apart
-            try:
-                unpatch = patcher.patch_mlx_lm(scan=scan, step=step, compile_decode=False)
-                tps2, _, _ = decode_run(m, prompt, toks, warm_steps)
-                mm["decode"]["patched_uncompiled_tok_s"] = tps2
-                log(f"patched decode without mx.compile: {tps2:.1f} tok/s")
-            except TypeError:  # a module exported before compile_decode existed
-                pass
-            finally:
-                unpatch()
+            # the same patch without the compiled decode path, and without the one-token conv
+            # step, to tell the effects apart
+            for key, kw, what in (("patched_uncompiled_tok_s", {"compile_decode": False}, "without mx.compile"),
+                                  ("patched_grouped_conv_tok_s", {"fast_conv": False}, "with the grouped Conv1d")):
+                try:
+                    unpatch = patcher.patch_mlx_lm(scan=scan, step=step, **kw)
+                except TypeError:  # a module exported before that switch existed
+                    continue
+                try:
+                    tps2, _, _ = decode_run(m, prompt, toks, warm_steps)
+                    mm["decode"][key] = tps2
+                    log(f"patched decode {what}: {tps2:.1f} tok/s")
+                finally:
+                    unpatch()
     except Exception:
         mm["decode"]["error"] = err_tail()
         log("decode failed: " + mm["decode"]["error"][-300:])
@@ -386,7 +390,8 @@ def table(res):
         if "patched_uncompiled_tok_s" in de or comp:
             lines.append(f"  decode path: {comp.get('compiled_calls', 0)} compiled calls"
                          + (f", compile error: {comp['error'][:120]}" if comp.get("error") else "")
-                         + (f"; without mx.compile {de['patched_uncompiled_tok_s']:.1f} tok/s" if "patched_uncompiled_tok_s" in de else ""))
+                         + (f"; without mx.compile {de['patched_uncompiled_tok_s']:.1f} tok/s" if "patched_uncompiled_tok_s" in de else "")
+                         + (f"; with the grouped Conv1d {de['patched_grouped_conv_tok_s']:.1f} tok/s" if "patched_grouped_conv_tok_s" in de else ""))
         L0 = min(mm["lengths"])
         a, b = mm["compare"].get(f"prefill_{L0}_stock_f16_vs_f32"), mm["compare"].get(f"prefill_{L0}_patched_f16_vs_f32")
         if a:

@@ -277,7 +277,20 @@ def _tail_continue(y, state, h0, delta, A, Cm, chunk=256):
     return y, state
 
 
-def patch_mlx_lm(scan=None, step=None, compile_decode=True):
+def _tail_conv_step(block, x_full):
+    """The depthwise causal conv of ONE new token: its K-token window x_full [b, K, D] against
+    the conv weight [D, K, 1] (+ bias), as a weighted sum in f32, cast back to x's dtype. The same
+    arithmetic as mlx-lm's grouped `Conv1d` on that window, in one fused elementwise + reduction
+    instead of a grouped convolution call."""
+    f32 = mx.float32
+    w = block.conv1d.weight[:, :, 0].astype(f32).T  # [K, D]
+    out = mx.sum(x_full.astype(f32) * w, axis=1, keepdims=True)
+    if "bias" in block.conv1d:
+        out = out + block.conv1d.bias.astype(f32)
+    return out.astype(x_full.dtype)
+
+
+def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
     """Replaces mlx-lm's `MambaBlock._process_sequence` (mlx-lm 0.32) so that
     - prefill (no incoming SSM state) runs in-proj, conv, silu, x_proj, dt_proj and softplus as
       stock, then ONE call `scan(u, delta, A, Bm, Cm, Dv) -> (y, state)` instead of the Python
@@ -295,6 +308,8 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True):
     and output, the step kernel included) is traced once with `mx.compile`, which fuses the
     elementwise glue and builds the graph once instead of per token; where compiling fails the
     plain path runs instead (`unpatch.compiled` counts the compiled calls and keeps the error).
+    With `fast_conv` a decode step computes the conv of its one new token as a weighted sum of
+    the K-token window (`_tail_conv_step`) instead of calling the grouped Conv1d.
     Returns `unpatch()`; `unpatch.stats` counts the calls per path (scan / step / stock)."""
     g = globals()
     task_name = (g.get("TASK") or {}).get("name") if g.get("CANDIDATE") is not None else None
@@ -375,7 +390,10 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True):
             x_full = mx.concatenate([conv_cache, x], axis=1)
         else:
             x_full = mx.pad(x, [(0, 0), (K - 1, 0), (0, 0)])
-        conv_out = self.conv1d(x_full)
+        if fast_conv and use_step and conv_cache is not None and x_full.shape[1] == K:
+            conv_out = _tail_conv_step(self, x_full)
+        else:
+            conv_out = self.conv1d(x_full)
         new_conv_cache = x_full[:, -(K - 1) :, :]
         x = nn.silu(conv_out)
         A, Dv = ssm_constants(self)

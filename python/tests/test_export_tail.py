@@ -204,6 +204,45 @@ def test_patched_prefill_and_decode_match_stock(bcdt):
     assert mamba.MambaBlock.__dict__["_process_sequence"] is STOCK
 
 
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_conv_step_equals_the_grouped_conv_on_its_window(bias, dtype):
+    tail = load_tail_standalone()
+    import mlx.nn as nn
+
+    D, K = 128, 4
+    conv = nn.Conv1d(D, D, kernel_size=K, groups=D, bias=bias)
+    conv.set_dtype(getattr(mx, dtype))
+    blk = types.SimpleNamespace(conv1d=conv)
+    x_full = mx.random.normal((3, K, D)).astype(getattr(mx, dtype))
+    got = tail._tail_conv_step(blk, x_full)
+    want = conv(x_full)
+    assert got.shape == want.shape == (3, 1, D) and got.dtype == want.dtype
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    assert_close(got, want, atol=tol, rtol=tol, what="conv step")
+    # a wrong tap order would not pass
+    flipped = tail._tail_conv_step(blk, x_full[:, ::-1])
+    assert not mx.allclose(flipped.astype(mx.float32), want.astype(mx.float32), atol=1e-2).item()
+
+
+@pytest.mark.parametrize("fast_conv", [True, False])
+def test_decode_matches_stock_with_and_without_the_conv_step(fast_conv):
+    m = tiny_model(bcdt=False)
+    ids = mx.random.randint(0, 100, (1, 9))
+    steps = [3, 1, 4, 1, 5]
+    stock_logits, stock_states = prefill_and_decode(m, ids, steps)
+    tail = load_tail_standalone()
+    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=ref_step, fast_conv=fast_conv)
+    try:
+        logits, states = prefill_and_decode(m, ids, steps)
+    finally:
+        unpatch()
+    for i, (a, b) in enumerate(zip(logits, stock_logits)):
+        assert_close(a, b, what=f"logits {i}")
+    for a, b in zip(states, stock_states):
+        assert_close(a, b, what="final SSM state")
+
+
 def test_compiled_decode_matches_stock_and_traces_the_step_once_per_block():
     m = tiny_model(bcdt=False)
     ids = mx.random.randint(0, 100, (2, 23))
