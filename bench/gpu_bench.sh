@@ -6,6 +6,7 @@
 #
 # Here:      cargo build --release && mkdir -p .gpu && cp target/release/ksearch .gpu/
 # There:     bash bench/gpu_bench.sh        (carry .gpu)
+#            SWEEP="attention:flash_wgmma" TASKS=attention bash bench/gpu_bench.sh   (sweep first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${KSEARCH:-.gpu/ksearch}
@@ -17,6 +18,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader || tr
 run() { # task rounds budget
     "$BIN" --store "$STORE" run "$1" --backend cuda --rounds "$2" --time-budget "$3" --patience 10 2>&1 | tee -a "$OUTDIR/runs.log" || true
 }
+# SWEEP="attention:flash_wgmma mamba_scan:seq_scan" first measures every admitted configuration
+# of those kernels (bench/cuda_dev.py, search workloads) and makes the best one correct on all of
+# them the kernel's defaults in tasks/<task>/task.toml (bench/set_defaults.py), so the search
+# starts from it. The logs land in $OUTDIR/sweep_<task>_<kernel>.log; the file changes stay in
+# the working tree of this machine (commit the same change to keep it).
+for tk in ${SWEEP:-}; do
+    t=${tk%%:*} k=${tk#*:}
+    log="$OUTDIR/sweep_${t}_${k}.log"
+    KS_KERNELS=$k KS_HELDOUT=0 timeout "${SWEEP_LIMIT:-150}" python3 bench/cuda_dev.py run "$t" > "$log" 2>&1 || echo "sweep $t/$k: exit $? (log $log)"
+    grep -A8 "==== summary" "$log" || tail -n 5 "$log"
+    python3 bench/set_defaults.py "$log" "$t" "$k" | tee -a "$OUTDIR/runs.log"
+done
 # TASKS picks the searches (default all three), in this order; run ids follow it.
 n=0
 for t in ${TASKS:-attention mamba_scan mamba_step}; do
