@@ -304,10 +304,13 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
     A = -exp(A_log) and Dv = D are passed in f32, u, delta, Bm, Cm in the model's dtype (the
     exported functions cast them to the kernel's dtypes). In a module exported for mamba_scan
     (mamba_step) `scan` (`step`) defaults to the module's own function.
-    With `compile_decode` the decode path of each block (everything between the block's input
-    and output, the step kernel included) is traced once with `mx.compile`, which fuses the
-    elementwise glue and builds the graph once instead of per token; where compiling fails the
-    plain path runs instead (`unpatch.compiled` counts the compiled calls and keeps the error).
+    With `compile_decode` the decode path is traced once with `mx.compile`, which fuses the
+    elementwise glue and builds the graph once instead of per token: `"model"` (or True) traces
+    the whole one-token step of the backbone (embedding, every layer's norm, mixer and residual,
+    the final norm: mlx-lm's `Mamba.__call__` and `ResidualBlock.__call__` arithmetic, unchanged)
+    as one function of the token and the caches; `"block"` traces each MambaBlock's decode path
+    alone; False compiles nothing. Where compiling fails the plain path runs instead
+    (`unpatch.compiled` counts the compiled calls, says which scope ran, and keeps the error).
     With `fast_conv` a decode step computes the conv of its one new token as a weighted sum of
     the K-token window (`_tail_conv_step`) instead of calling the grouped Conv1d.
     Returns `unpatch()`; `unpatch.stats` counts the calls per path (scan / step / stock)."""
@@ -323,11 +326,20 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
     from mlx_lm.models import mamba as _mamba
     from mlx_lm.models.activations import swiglu
 
+    if compile_decode is True:
+        compile_decode = "model"
+    if compile_decode not in (False, None, "model", "block"):
+        raise ValueError(f"patch_mlx_lm: compile_decode must be 'model', 'block', True or False, not {compile_decode!r}")
+    block_scope = compile_decode == "block"
     cls = _mamba.MambaBlock
+    bcls = _mamba.Mamba
     previous = cls.__dict__["_process_sequence"]
+    previous_backbone = bcls.__dict__["__call__"]
+    stock_backbone = getattr(previous_backbone, "_ksearch_stock", previous_backbone)
     stock = getattr(previous, "_ksearch_stock", previous)
     stats = {"scan": 0, "step": 0, "stock": 0}
-    cstats = {"compiled_calls": 0, "error": None}  # the compiled decode path (unpatch.compiled)
+    # the compiled decode path (unpatch.compiled)
+    cstats = {"compiled_calls": 0, "error": None, "scope": compile_decode or None}
     compiled = {}  # id(block) -> (block, compiled decode function)
     import mlx.nn as nn
 
@@ -354,7 +366,7 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
         if not (use_scan or use_step):
             stats["stock"] += 1
             return stock(self, x, conv_cache, state_cache)
-        if use_step and compile_decode and conv_cache is not None and state_cache is not None and cstats["error"] is None:
+        if use_step and block_scope and conv_cache is not None and state_cache is not None and cstats["error"] is None:
             entry = compiled.get(id(self))
             if entry is None or entry[0] is not self:
                 fn = mx.compile(lambda x_, cc_, sc_, blk=self: _plain(blk, x_, cc_, sc_), inputs=self.state)
@@ -416,13 +428,57 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
         out = self.out_proj(swiglu(z, y))
         return out, (new_conv_cache, state)
 
+    mcompiled = {}  # id(backbone) -> (backbone, compiled one-token step)
+
+    def _backbone_call(self, x, cache=None):
+        decode = (compile_decode == "model" and step is not None and cache is not None and x.shape[1] == 1
+                  and cstats["error"] is None and len(cache) == len(self.layers)
+                  and all(c[0] is not None and c[1] is not None for c in cache)
+                  and all(isinstance(layer.mixer, cls) for layer in self.layers))
+        if not decode:
+            return stock_backbone(self, x, cache)
+        entry = mcompiled.get(id(self))
+        if entry is None or entry[0] is not self:
+            def one_token(ids, convs, states, m=self):
+                h = m.embeddings(ids)
+                new_convs, new_states = [], []
+                for layer, cc, sc in zip(m.layers, convs, states):
+                    # ResidualBlock: mixer(norm(h)) + h, the mixer's decode path as in _plain
+                    out, (cc2, sc2) = _plain(layer.mixer, layer.norm(h), cc, sc)
+                    h = out + h
+                    new_convs.append(cc2)
+                    new_states.append(sc2)
+                return m.norm_f(h), new_convs, new_states
+
+            entry = mcompiled[id(self)] = (self, mx.compile(one_token, inputs=self.state))
+        saved = self.parameters() if cstats["compiled_calls"] == 0 else None
+        try:
+            h, convs, states = entry[1](x, [c[0] for c in cache], [c[1] for c in cache])
+        except Exception as e:  # a primitive mx.compile cannot trace here: the plain path
+            cstats["error"] = f"{type(e).__name__}: {e}"
+            mcompiled.clear()
+            consts.clear()
+            if saved is not None:
+                self.update(saved)
+            return stock_backbone(self, x, cache)
+        for c, cc, sc in zip(cache, convs, states):
+            c[0], c[1] = cc, sc
+        stats["step"] += len(self.layers)
+        cstats["compiled_calls"] += 1
+        return h
+
     _process_sequence._ksearch_stock = stock
     _process_sequence._ksearch_patched = True
     cls._process_sequence = _process_sequence
+    _backbone_call._ksearch_stock = stock_backbone
+    _backbone_call._ksearch_patched = True
+    bcls.__call__ = _backbone_call
 
     def unpatch():
         if cls.__dict__.get("_process_sequence") is _process_sequence:
             cls._process_sequence = previous
+        if bcls.__dict__.get("__call__") is _backbone_call:
+            bcls.__call__ = previous_backbone
 
     unpatch.stats = stats
     unpatch.compiled = cstats

@@ -29,6 +29,7 @@ TAIL = HERE.parent / "ksearch_mlx" / "export_tail.py"
 RUNTIME = HERE.parent / "ksearch_mlx" / "runtime.py"
 TASKS = HERE.parent.parent / "tasks"
 STOCK = mamba.MambaBlock.__dict__["_process_sequence"]
+STOCK_BACKBONE = mamba.Mamba.__dict__["__call__"]
 
 
 # ---- reference kernels in plain MLX ops (f32) ----------------------------------------------------
@@ -101,6 +102,7 @@ def assert_close(a, b, atol=1e-4, rtol=1e-4, what=""):
 def restore_stock():
     yield
     mamba.MambaBlock._process_sequence = STOCK
+    mamba.Mamba.__call__ = STOCK_BACKBONE
 
 
 # ---- loading the tail: standalone, or the way `ksearch export` concatenates it ---------------------
@@ -243,29 +245,35 @@ def test_decode_matches_stock_with_and_without_the_conv_step(fast_conv):
         assert_close(a, b, what="final SSM state")
 
 
-def test_compiled_decode_matches_stock_and_traces_the_step_once_per_block():
+@pytest.mark.parametrize("scope", ["model", "block"])
+def test_compiled_decode_matches_stock_and_traces_the_step_once_per_block(scope):
     m = tiny_model(bcdt=False)
     ids = mx.random.randint(0, 100, (2, 23))
     steps = [5, 17, 99, 0, 42, 7]
     stock_logits, stock_states = prefill_and_decode(m, ids, steps)
     tail = load_tail_standalone()
     counts = {}
-    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=counting(ref_step, counts, "step"))
+    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=counting(ref_step, counts, "step"), compile_decode=scope)
     try:
         logits, states = prefill_and_decode(m, ids, steps)
     finally:
         unpatch()
     assert unpatch.compiled["error"] is None, unpatch.compiled
-    # every decode step of both layers ran compiled; the Python step ran once per block (tracing)
-    assert unpatch.compiled["compiled_calls"] == 2 * len(steps)
+    assert unpatch.compiled["scope"] == scope
+    # every decode step ran compiled: one call per token for the whole backbone, or one per
+    # token and block; the Python step ran once per block (while tracing)
+    assert unpatch.compiled["compiled_calls"] == (1 if scope == "model" else 2) * len(steps)
+    assert unpatch.stats["step"] == 2 * len(steps)
     assert counts == {"step": 2}, counts
+    assert mamba.Mamba.__dict__["__call__"] is STOCK_BACKBONE
     for i, (a, b) in enumerate(zip(logits, stock_logits)):
         assert_close(a, b, what=f"logits {i}")
     for a, b in zip(states, stock_states):
         assert_close(a, b, what="final SSM state")
 
 
-def test_a_step_mx_compile_cannot_trace_falls_back_and_leaves_the_model_intact():
+@pytest.mark.parametrize("scope", ["model", "block"])
+def test_a_step_mx_compile_cannot_trace_falls_back_and_leaves_the_model_intact(scope):
     m = tiny_model(bcdt=False)
     ids = mx.random.randint(0, 100, (2, 23))
     steps = [5, 17, 99]
@@ -277,7 +285,7 @@ def test_a_step_mx_compile_cannot_trace_falls_back_and_leaves_the_model_intact()
         return y, h
 
     tail = load_tail_standalone()
-    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=untraceable_step)
+    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=untraceable_step, compile_decode=scope)
     try:
         logits, _ = prefill_and_decode(m, ids, steps)
     finally:
@@ -289,6 +297,13 @@ def test_a_step_mx_compile_cannot_trace_falls_back_and_leaves_the_model_intact()
     again, _ = prefill_and_decode(m, ids, steps)  # the weights are the real arrays again
     for a, b in zip(again, stock_logits):
         assert mx.array_equal(a, b).item()
+
+
+def test_a_bad_compile_scope_is_refused():
+    tail = load_tail_standalone()
+    with pytest.raises(ValueError, match="compile_decode"):
+        tail.patch_mlx_lm(scan=ref_scan, step=ref_step, compile_decode="layer")
+    assert mamba.MambaBlock.__dict__["_process_sequence"] is STOCK
 
 
 def test_scan_only_and_step_only():
