@@ -340,17 +340,20 @@ def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, st
             unpatch()
             # the same patch without the compiled decode path, and without the one-token conv
             # step, to tell the effects apart
-            for key, kw, what in (("patched_model_compiled_tok_s", {"compile_decode": "model"}, "compiled as one backbone step"),
-                                  ("patched_uncompiled_tok_s", {"compile_decode": False}, "without mx.compile"),
-                                  ("patched_grouped_conv_tok_s", {"fast_conv": False}, "with the grouped Conv1d")):
+            for key, kw, what in (("patched_glue_step_tok_s", {"decode_glue": "step"}, "with the step fused into the glue"),
+                                  ("patched_no_glue_tok_s", {"decode_glue": False}, "with MLX-op glue"),
+                                  ("patched_uncompiled_tok_s", {"compile_decode": False}, "without mx.compile")):
                 try:
                     unpatch = patcher.patch_mlx_lm(scan=scan, step=step, **kw)
                 except TypeError:  # a module exported before that switch existed
                     continue
                 try:
-                    tps2, _, _ = decode_run(m, prompt, toks, warm_steps)
+                    tps2, lg_v, _ = decode_run(m, prompt, toks, warm_steps)
                     mm["decode"][key] = tps2
-                    log(f"patched decode {what}: {tps2:.1f} tok/s")
+                    cv = compare(lg_v, lg_stock)
+                    mm["compare"]["decode_" + key.replace("_tok_s", "") + "_vs_stock"] = cv
+                    mm["decode"][key.replace("_tok_s", "_path")] = dict(getattr(unpatch, "compiled", {}) or {})
+                    log(f"patched decode {what}: {tps2:.1f} tok/s; logits rel {cv['rel']:.1e}{' FLAG' if cv.get('flag') else ''}")
                 finally:
                     unpatch()
             # stock again, after the patched runs: the faster of the two stock runs is the one
@@ -425,12 +428,17 @@ def table(res):
         lines.append(f"{'decode tok/s':<26}{fmt(de.get('stock_tok_s'), '12.1f'):>12}{fmt(de.get('patched_tok_s'), '12.1f'):>12}"
                      f"{fmt(de.get('speedup'), '.2f', 'x'):>10}  {cs}")
         comp = de.get("compiled") or {}
-        if "patched_uncompiled_tok_s" in de or comp:
+        if comp:
             lines.append(f"  decode path: {comp.get('compiled_calls', 0)} compiled calls (scope {comp.get('scope')})"
                          + (f", compile error: {comp['error'][:120]}" if comp.get("error") else "")
-                         + (f"; without mx.compile {de['patched_uncompiled_tok_s']:.1f} tok/s" if "patched_uncompiled_tok_s" in de else "")
-                         + (f"; with the grouped Conv1d {de['patched_grouped_conv_tok_s']:.1f} tok/s" if "patched_grouped_conv_tok_s" in de else "")
-                         + (f"; compiled as one backbone step {de['patched_model_compiled_tok_s']:.1f} tok/s" if "patched_model_compiled_tok_s" in de else ""))
+                         + (f", glue {comp['glue']}" if comp.get("glue") else ", MLX-op glue"))
+        for key, what in (("patched_glue_step", "step fused into the glue"), ("patched_no_glue", "MLX-op glue"),
+                          ("patched_uncompiled", "without mx.compile")):
+            if key + "_tok_s" in de:
+                cv = mm["compare"].get("decode_" + key + "_vs_stock") or {}
+                lines.append(f"  {'decode, ' + what:<24}{'':>12}{de[key + '_tok_s']:12.1f}"
+                             f"{de[key + '_tok_s'] / de['stock_tok_s']:9.2f}x  logits {cv.get('rel', float('nan')):.1e}"
+                             f"{' FLAG' if cv.get('flag') else ''}")
         if len(de.get("stock_runs_tok_s", [])) > 1:
             lines.append("  stock decode runs (before, after the patched ones): "
                          + ", ".join(f"{v:.1f}" for v in de["stock_runs_tok_s"]) + " tok/s; the faster is compared")

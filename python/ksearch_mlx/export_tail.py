@@ -277,20 +277,189 @@ def _tail_continue(y, state, h0, delta, A, Cm, chunk=256):
     return y, state
 
 
-def _tail_conv_step(block, x_full):
+def _tail_conv_step(block, x_full, taps=None, bias=None):
     """The depthwise causal conv of ONE new token: its K-token window x_full [b, K, D] against
     the conv weight [D, K, 1] (+ bias), as a weighted sum in f32, cast back to x's dtype. The same
     arithmetic as mlx-lm's grouped `Conv1d` on that window, in one fused elementwise + reduction
-    instead of a grouped convolution call."""
+    instead of a grouped convolution call. `taps` [D, K] and `bias` [D] may be given ready."""
     f32 = mx.float32
-    w = block.conv1d.weight[:, :, 0].astype(f32).T  # [K, D]
-    out = mx.sum(x_full.astype(f32) * w, axis=1, keepdims=True)
-    if "bias" in block.conv1d:
-        out = out + block.conv1d.bias.astype(f32)
+    if taps is None:
+        taps = block.conv1d.weight[:, :, 0]
+        bias = block.conv1d.bias if "bias" in block.conv1d else None
+    out = mx.sum(x_full.astype(f32) * taps.astype(f32).T, axis=1, keepdims=True)
+    if bias is not None:
+        out = out + bias.astype(f32)
     return out.astype(x_full.dtype)
 
 
-def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
+# ---- fused decode glue (MLX CUDA): fewer kernels per token and layer ------------------------------
+# A decode step of mlx-lm's MambaBlock launches one kernel per small op (concatenate, conv,
+# silu, x_proj, split copies, dt_proj, softplus, gate …), and at batch 1 each costs far more in
+# launch and dispatch than in arithmetic. Two hand-written kernels do the glue around the step:
+#   conv_xproj: the one-token depthwise conv from the cache (f32 sums, rounded to the model's
+#     f16 as the Conv1d output is), silu, the shifted conv cache, and x_proj (warp dot products,
+#     f32 accumulation, f16 result as nn.Linear gives); one block per 8 outputs of x_proj, each
+#     recomputing the 2048 conv outputs in shared memory (cheap) so the weight read is spread;
+#   dt: dt_proj + bias (f32 accumulation, rounded to f16) and softplus (logaddexp(x, 0)),
+#     and B, C copied out contiguous for the step kernel;
+#   dt_step (decode_glue="step"): dt as above, then the SSM step, D skip and the silu(z) gate in
+#     the same thread, replacing the searched step kernel (to measure what a full fusion gives).
+_GLUE_HEADER = ""
+_GLUE_CONV_XPROJ = """
+const int bb = blockIdx.y;
+const int tid = threadIdx.x;
+__shared__ float xs[D];
+const __half* xrow = xz + (long long)bb * (2 * D);
+const __half* crow = cache + (long long)bb * (K - 1) * D;
+for (int d = tid; d < D; d += NT) {
+    float acc = __half2float(cb[d]);
+#pragma unroll
+    for (int k = 0; k < K - 1; k++) acc = fmaf(__half2float(cw[d * K + k]), __half2float(crow[k * D + d]), acc);
+    const __half xn = xrow[d];
+    acc = fmaf(__half2float(cw[d * K + K - 1]), __half2float(xn), acc);
+    const float c = __half2float(__float2half_rn(acc));
+    const __half sv = __float2half_rn(c / (1.f + __expf(-c)));
+    xs[d] = __half2float(sv);
+    if (blockIdx.x == 0) {
+        xa[(long long)bb * D + d] = sv;
+        __half* nrow = ncache + (long long)bb * (K - 1) * D;
+#pragma unroll
+        for (int k = 0; k < K - 2; k++) nrow[k * D + d] = crow[(k + 1) * D + d];
+        nrow[(K - 2) * D + d] = xn;
+    }
+}
+__syncthreads();
+const int warp = tid >> 5, lane = tid & 31;
+const int j = blockIdx.x * (NT / 32) + warp;
+if (j < J) {
+    const __half* w = wx + (long long)j * D;
+    float acc = 0.f;
+    for (int d0 = lane * 8; d0 < D; d0 += 256) {
+        const uint4 v = *reinterpret_cast<const uint4*>(w + d0);
+        const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 f = __half22float2(h[e]);
+            acc = fmaf(f.x, xs[d0 + 2 * e], acc);
+            acc = fmaf(f.y, xs[d0 + 2 * e + 1], acc);
+        }
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    if (lane == 0) dbc[(long long)bb * J + j] = __float2half_rn(acc);
+}
+"""
+_GLUE_DT_HEAD = """
+const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+if (i >= (long long)NB * D) return;
+const int bb = (int)(i / D), d = (int)(i % D);
+const __half* row = dbc + (long long)bb * J;
+const __half* w = wdt + (long long)d * R;
+float acc = __half2float(bdt[d]);
+for (int r = 0; r < R; r += 8) {
+    const uint4 v = *reinterpret_cast<const uint4*>(w + r);
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 f = __half22float2(h[e]);
+        acc = fmaf(f.x, __half2float(row[r + 2 * e]), acc);
+        acc = fmaf(f.y, __half2float(row[r + 2 * e + 1]), acc);
+    }
+}
+const float pre = __half2float(__float2half_rn(acc));
+const float dt = __half2float(__float2half_rn(fmaxf(pre, 0.f) + log1pf(__expf(-fabsf(pre)))));
+"""
+_GLUE_DT = _GLUE_DT_HEAD + """
+delta[i] = __float2half_rn(dt);
+if (d < N) Bo[bb * N + d] = row[R + d];
+else if (d < 2 * N) Co[bb * N + d - N] = row[R + d];
+"""
+_GLUE_DT_STEP = _GLUE_DT_HEAD + """
+const float u = __half2float(xa[i]);
+const __half* Bv = row + R;
+const __half* Cv = row + R + N;
+const float* a = A + (long long)d * N;
+const float* h0 = s0 + i * N;
+float* h1 = s1 + i * N;
+const float du = dt * u;
+float y = 0.f;
+#pragma unroll
+for (int n = 0; n < N; n++) {
+    const float hn = fmaf(__expf(dt * a[n]), h0[n], du * __half2float(Bv[n]));
+    h1[n] = hn;
+    y = fmaf(__half2float(Cv[n]), hn, y);
+}
+y = __half2float(__float2half_rn(fmaf(Dv[d], u, y)));
+const float z = __half2float(xz[(long long)bb * (2 * D) + D + d]);
+yg[i] = __float2half_rn(z / (1.f + __expf(-z)) * y);
+"""
+_GLUE_KERNELS = {  # name -> (inputs, outputs, body)
+    "ks_glue_conv_xproj": (["xz", "cache", "cw", "cb", "wx"], ["xa", "ncache", "dbc"], _GLUE_CONV_XPROJ),
+    "ks_glue_dt": (["dbc", "wdt", "bdt"], ["delta", "Bo", "Co"], _GLUE_DT),
+    "ks_glue_dt_step": (["dbc", "wdt", "bdt", "xa", "A", "Dv", "s0", "xz"], ["yg", "s1"], _GLUE_DT_STEP),
+}
+_glue_cache = {}
+
+
+def _glue_kernel(name):
+    k = _glue_cache.get(name)
+    if k is None:
+        ins, outs, body = _GLUE_KERNELS[name]
+        k = _glue_cache[name] = mx.fast.cuda_kernel(
+            name=name, input_names=ins, output_names=outs, source=body, header=_GLUE_HEADER)
+    return k
+
+
+def _glue_fits(block, x, conv_cache):
+    """The fused decode glue runs where it was written for: MLX's CUDA back-end, f16 weights
+    and activations, no B/C/dt RMS norm, plain (unquantised) Linear layers, sizes it tiles."""
+    import mlx.nn as nn  # noqa: F811
+
+    f16 = mx.float16
+    D, R, K = block.intermediate_size, block.time_step_rank, block.conv_kernel_size
+    return (globals().get("BACKEND") == "mlx-cuda" and x.dtype == f16 and conv_cache.dtype == f16
+            and not getattr(block, "use_bcdt_rms", False) and K >= 2
+            and D % 256 == 0 and R % 8 == 0
+            and all(type(getattr(block, n)) is nn.Linear for n in ("in_proj", "x_proj", "dt_proj"))
+            and block.x_proj.weight.dtype == f16 and block.dt_proj.weight.dtype == f16
+            and "bias" in block.dt_proj and block.conv1d.weight.dtype == f16)
+
+
+def _glue_decode(block, x, conv_cache, state, A, Dv, taps, cbias, step, full):
+    """One decode token through the fused glue; returns (out, (new conv cache, new state))."""
+    from mlx_lm.models.activations import swiglu
+
+    b = x.shape[0]
+    D, K, R, N = block.intermediate_size, block.conv_kernel_size, block.time_step_rank, block.ssm_state_size
+    J = R + 2 * N
+    f16 = mx.float16
+    xz = block.in_proj(x).reshape(b, 2 * D)
+    nblk = (J + 7) // 8
+    xa, ncache, dbc = _glue_kernel("ks_glue_conv_xproj")(
+        inputs=[xz, conv_cache, taps, cbias, block.x_proj.weight],
+        template=[("D", D), ("K", K), ("J", J), ("NT", 256)],
+        grid=(nblk * 256, b, 1), threadgroup=(256, 1, 1),
+        output_shapes=[(b, D), (b, K - 1, D), (b, J)], output_dtypes=[f16, f16, f16])
+    tmpl = [("D", D), ("R", R), ("N", N), ("J", J), ("NB", b)]
+    grid = (((b * D + 255) // 256) * 256, 1, 1)
+    if full:
+        yg, s1 = _glue_kernel("ks_glue_dt_step")(
+            inputs=[dbc, block.dt_proj.weight, block.dt_proj.bias, xa, A, Dv, state, xz],
+            template=tmpl, grid=grid, threadgroup=(256, 1, 1),
+            output_shapes=[(b, D), (b, D, N)], output_dtypes=[f16, mx.float32])
+    else:
+        delta, Bm, Cm = _glue_kernel("ks_glue_dt")(
+            inputs=[dbc, block.dt_proj.weight, block.dt_proj.bias],
+            template=tmpl, grid=grid, threadgroup=(256, 1, 1),
+            output_shapes=[(b, D), (b, N), (b, N)], output_dtypes=[f16, f16, f16])
+        y, s1 = step(xa, delta, A, Bm, Cm, Dv, state)
+        yg = swiglu(xz[:, D:], y.astype(f16))
+    if s1.dtype != mx.float32:
+        s1 = s1.astype(mx.float32)
+    return block.out_proj(yg[:, None, :]), (ncache, s1)
+
+
+def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True, decode_glue=True):
     """Replaces mlx-lm's `MambaBlock._process_sequence` (mlx-lm 0.32) so that
     - prefill (no incoming SSM state) runs in-proj, conv, silu, x_proj, dt_proj and softplus as
       stock, then ONE call `scan(u, delta, A, Bm, Cm, Dv) -> (y, state)` instead of the Python
@@ -314,6 +483,11 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
     (`unpatch.compiled` counts the compiled calls, says which scope ran, and keeps the error).
     With `fast_conv` a decode step computes the conv of its one new token as a weighted sum of
     the K-token window (`_tail_conv_step`) instead of calling the grouped Conv1d.
+    With `decode_glue` (MLX's CUDA back-end, f16 models: `_glue_fits`) a decode step runs the
+    fused glue kernels around the step kernel instead (`_glue_decode`): in_proj, conv + silu +
+    x_proj in one kernel, dt_proj + softplus in another, the step, the gate, out_proj;
+    `decode_glue="step"` fuses the step and the gate into the second kernel too (the searched
+    step kernel is then not used). False keeps the MLX-op glue everywhere.
     Returns `unpatch()`; `unpatch.stats` counts the calls per path (scan / step / stock)."""
     g = globals()
     task_name = (g.get("TASK") or {}).get("name") if g.get("CANDIDATE") is not None else None
@@ -331,6 +505,8 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
         # measured on the H200 through MLX's CUDA back-end (2026-12-02, mamba-370m shapes):
         # per block 109 tok/s, the whole backbone in one trace 85 tok/s, uncompiled 80 tok/s
         compile_decode = "block"
+    if decode_glue not in (True, False, None, "step"):
+        raise ValueError(f"patch_mlx_lm: decode_glue must be True, False or 'step', not {decode_glue!r}")
     if compile_decode not in (False, None, "model", "block"):
         raise ValueError(f"patch_mlx_lm: compile_decode must be 'model', 'block', True or False, not {compile_decode!r}")
     block_scope = compile_decode == "block"
@@ -348,6 +524,7 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
 
     f32 = mx.float32
     consts = {}  # id(block) -> (A_log, D, A, Dv): A = -exp(A_log) and D in f32, made once per weights
+    kconsts = {}  # id(block) -> (weights, (A, Dv, taps, conv bias)) for the compiled decode step
 
     def ssm_constants(block):
         c = consts.get(id(block))
@@ -361,6 +538,20 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
             c = consts[id(block)] = (block.A_log, block.D, A, Dv)
         return c[2], c[3]
 
+    def block_constants(block):
+        """(A, Dv, conv taps [D, K], conv bias [D]) made eagerly once per weights, so a traced
+        decode step takes them as inputs instead of recomputing them every token."""
+        key = (block.A_log, block.D, block.conv1d.weight)
+        c = kconsts.get(id(block))
+        if c is None or any(a is not b for a, b in zip(c[0], key)):
+            A, Dv = ssm_constants(block)
+            w = block.conv1d.weight
+            taps = w.reshape(w.shape[0], w.shape[1])
+            cb = block.conv1d.bias if "bias" in block.conv1d else mx.zeros((w.shape[0],), dtype=w.dtype)
+            mx.eval(A, Dv, taps, cb)
+            c = kconsts[id(block)] = (key, (A, Dv, taps, cb))
+        return c[1]
+
     def _process_sequence(self, x, conv_cache, state_cache):
         T = x.shape[1]
         use_step = T == 1 and step is not None
@@ -372,13 +563,14 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
         if use_step and block_scope and conv_cache is not None and state_cache is not None and cstats["error"] is None:
             entry = compiled.get(id(self))
             if entry is None or entry[0] is not self:
-                fn = mx.compile(lambda x_, cc_, sc_, blk=self: _plain(blk, x_, cc_, sc_), inputs=self.state)
+                fn = mx.compile(lambda x_, cc_, sc_, a_, d_, t_, b_, blk=self: _plain(blk, x_, cc_, sc_, (a_, d_, t_, b_)),
+                                inputs=self.state)
                 entry = compiled[id(self)] = (self, fn)
             # A trace that fails can leave tracers in the module's arrays (mx.compile swaps the
             # captured inputs while tracing): keep the real ones to put back.
             saved = self.parameters() if cstats["compiled_calls"] == 0 else None
             try:
-                out = entry[1](x, conv_cache, state_cache)
+                out = entry[1](x, conv_cache, state_cache, *block_constants(self))
                 stats["step"] += 1
                 cstats["compiled_calls"] += 1
                 return out
@@ -386,6 +578,7 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
                 cstats["error"] = f"{type(e).__name__}: {e}"
                 compiled.clear()
                 consts.clear()
+                kconsts.clear()
                 if saved is not None:
                     self.update(saved)
         if use_step:
@@ -394,9 +587,23 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
             stats["scan"] += 1
         return _plain(self, x, conv_cache, state_cache)
 
-    def _plain(self, x, conv_cache, state_cache):
+    def _plain(self, x, conv_cache, state_cache, k=None):
         T = x.shape[1]
         use_step = T == 1 and step is not None
+        if k is not None:
+            A, Dv, taps, cbias = k
+        else:
+            A, Dv = ssm_constants(self)
+            taps = cbias = None
+        if (decode_glue and use_step and conv_cache is not None and state_cache is not None
+                and conv_cache.shape[1] == self.conv_kernel_size - 1 and _glue_fits(self, x, conv_cache)):
+            if taps is None:
+                w = self.conv1d.weight
+                taps = w.reshape(w.shape[0], w.shape[1])
+                cbias = self.conv1d.bias if "bias" in self.conv1d else mx.zeros((w.shape[0],), dtype=w.dtype)
+            sc = state_cache if state_cache.dtype == f32 else state_cache.astype(f32)
+            cstats["glue"] = "step" if decode_glue == "step" else "fused"
+            return _glue_decode(self, x, conv_cache, sc, A, Dv, taps, cbias, step, decode_glue == "step")
         # as stock: in_proj, causal depthwise conv with its cache, silu
         xz = self.in_proj(x)
         x, z = xz.split(indices_or_sections=2, axis=-1)
@@ -406,12 +613,11 @@ def patch_mlx_lm(scan=None, step=None, compile_decode=True, fast_conv=True):
         else:
             x_full = mx.pad(x, [(0, 0), (K - 1, 0), (0, 0)])
         if fast_conv and use_step and conv_cache is not None and x_full.shape[1] == K:
-            conv_out = _tail_conv_step(self, x_full)
+            conv_out = _tail_conv_step(self, x_full, taps, cbias)
         else:
             conv_out = self.conv1d(x_full)
         new_conv_cache = x_full[:, -(K - 1) :, :]
         x = nn.silu(conv_out)
-        A, Dv = ssm_constants(self)
         delta, Bm, Cm = _tail_project(self, x)
         if not use_step:
             y, state = scan(x, delta, A, Bm, Cm, Dv)

@@ -571,3 +571,118 @@ def test_concatenated_with_the_real_runtime():
     assert callable(mod.CompiledCandidate) and callable(mod.eval_expr) and callable(mod.split_sections)
     assert list(inspect.signature(mod.mamba_scan).parameters) == ["u", "delta", "A", "Bm", "Cm", "Dv"]
     assert mod.KERNEL is None and callable(mod.patch_mlx_lm)
+
+
+# ---- the fused decode glue's plumbing, with its kernels played by MLX ops ----------------------
+def fake_glue_kernels(calls):
+    """Stand-ins for the glue's CUDA kernels with the same inputs, outputs and rounding points,
+    written in MLX ops: they test what _glue_decode feeds them and does with their outputs (the
+    CUDA bodies themselves are compile-checked in test_glue_nvrtc.py and run on the GPU by
+    bench/mlx_e2e.py, which compares the decoded logits with stock)."""
+    f16, f32 = mx.float16, mx.float32
+
+    def t(template, k):
+        return dict(template)[k]
+
+    def conv_xproj(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+        xz, cache, cw, cb, wx = inputs
+        D, K, J = t(template, "D"), t(template, "K"), t(template, "J")
+        x = xz[:, :D]
+        full = mx.concatenate([cache, x[:, None, :]], axis=1)
+        conv = (mx.sum(full.astype(f32) * cw.astype(f32).T, axis=1) + cb.astype(f32)).astype(f16).astype(f32)
+        xa = (conv * mx.sigmoid(conv)).astype(f16)
+        dbc = (xa.astype(f32) @ wx.astype(f32).T).astype(f16)
+        outs = [xa, full[:, 1:, :], dbc]
+        assert [tuple(o.shape) for o in outs] == [tuple(s) for s in output_shapes]
+        assert grid[1] == xz.shape[0] and grid[0] == ((J + 7) // 8) * 256
+        return outs
+
+    def dt_common(inputs, template):
+        dbc, wdt, bdt = inputs[:3]
+        R = t(template, "R")
+        pre = (dbc[:, :R].astype(f32) @ wdt.astype(f32).T + bdt.astype(f32)).astype(f16).astype(f32)
+        return (mx.maximum(pre, 0) + mx.log1p(mx.exp(-mx.abs(pre)))).astype(f16)
+
+    def dt(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+        R, N = t(template, "R"), t(template, "N")
+        delta = dt_common(inputs, template)
+        dbc = inputs[0]
+        return [delta, dbc[:, R:R + N], dbc[:, R + N:R + 2 * N]]
+
+    def dt_step(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+        dbc, _, _, xa, A, Dv, s0, xz = inputs
+        D, R, N = t(template, "D"), t(template, "R"), t(template, "N")
+        delta = dt_common(inputs, template).astype(f32)
+        u = xa.astype(f32)
+        Bv, Cv = dbc[:, R:R + N].astype(f32), dbc[:, R + N:].astype(f32)
+        h = mx.exp(delta[..., None] * A) * s0 + (delta * u)[..., None] * Bv[:, None, :]
+        y = ((h * Cv[:, None, :]).sum(-1) + Dv * u).astype(f16).astype(f32)
+        z = xz[:, D:].astype(f32)
+        return [(z * mx.sigmoid(z) * y).astype(f16), h]
+
+    fakes = {"ks_glue_conv_xproj": conv_xproj, "ks_glue_dt": dt, "ks_glue_dt_step": dt_step}
+
+    def get(name):
+        calls[name] = calls.get(name, 0) + 1
+        return lambda **kw: fakes[name](**kw)
+
+    return get
+
+
+def glue_model():
+    mx.random.seed(3)
+    args = mamba.ModelArgs(
+        model_type="mamba", vocab_size=100, hidden_size=64, intermediate_size=256, state_size=8,
+        num_hidden_layers=2, conv_kernel=4, use_bias=False, use_conv_bias=True, time_step_rank=8,
+    )
+    m = mamba.Model(args)
+    for layer in m.layers:
+        blk = layer.mixer
+        blk.A_log = blk.A_log + 0.3 * mx.random.normal(blk.A_log.shape)
+        blk.D = blk.D + 0.5 * mx.random.normal(blk.D.shape)
+    m.set_dtype(mx.float16)
+    mx.eval(m.parameters())
+    return m
+
+
+@pytest.mark.parametrize("glue", [True, "step"])
+@pytest.mark.parametrize("scope", ["block", False])
+def test_decode_glue_plumbing_matches_stock(glue, scope):
+    m = glue_model()
+    ids = mx.random.randint(0, 100, (2, 11))
+    steps = [4, 8, 15, 16, 23]
+    stock_logits, stock_states = prefill_and_decode(m, ids, steps)
+    tail = load_tail_standalone()
+    tail.BACKEND = "mlx-cuda"  # as in a module exported for MLX's CUDA back-end
+    calls = {}
+    tail._glue_kernel = fake_glue_kernels(calls)
+    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=ref_step, compile_decode=scope, decode_glue=glue)
+    try:
+        logits, states = prefill_and_decode(m, ids, steps)
+    finally:
+        unpatch()
+    assert unpatch.compiled["glue"] == ("step" if glue == "step" else "fused")
+    assert unpatch.compiled["error"] is None, unpatch.compiled
+    want = {"ks_glue_conv_xproj", "ks_glue_dt_step" if glue == "step" else "ks_glue_dt"}
+    assert set(calls) == want, calls
+    for i, (a, b) in enumerate(zip(logits, stock_logits)):
+        assert_close(a, b, atol=3e-2, rtol=3e-2, what=f"logits {i}")
+    for a, b in zip(states, stock_states):
+        assert a.dtype == mx.float32
+        assert_close(a, b, atol=3e-2, rtol=3e-2, what="final SSM state")
+
+
+def test_decode_glue_stays_off_where_it_does_not_fit():
+    m = tiny_model()  # f32 weights, intermediate 128: not what the glue was written for
+    tail = load_tail_standalone()
+    tail.BACKEND = "mlx-cuda"
+    calls = {}
+    tail._glue_kernel = fake_glue_kernels(calls)
+    unpatch = tail.patch_mlx_lm(scan=ref_scan, step=ref_step)
+    try:
+        prefill_and_decode(m, mx.random.randint(0, 100, (1, 5)), [1, 2])
+    finally:
+        unpatch()
+    assert calls == {} and "glue" not in unpatch.compiled
+    with pytest.raises(ValueError, match="decode_glue"):
+        tail.patch_mlx_lm(scan=ref_scan, step=ref_step, decode_glue="all")
