@@ -28,6 +28,6 @@ if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
     bash scripts/check-metal.sh
 fi
 echo "== MLX worker tests (pytest, MLX CPU back-end) =="
-(cd python && "$KSEARCH_PYTHON" -m pytest -q tests)
+(cd python && KSEARCH_REQUIRE_NVRTC=1 "$KSEARCH_PYTHON" -m pytest -q tests)
 
 echo "all checks passed"

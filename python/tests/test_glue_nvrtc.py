@@ -4,7 +4,8 @@ NVRTC, no GPU and no MLX CUDA back-end needed: each body is wrapped the way
 int`), as crates/eval/src/mlx_cuda.rs does for the task kernels, and compiled for sm_90 at the
 mamba-370m sizes and a small one. NVRTC and the CUDA headers come from pip
 (nvidia-cuda-nvrtc, nvidia-cuda-runtime 13.0, which scripts/nvrtc-check.sh installs); the test
-skips when neither this interpreter nor `python3` can find them.
+skips when neither this interpreter nor `python3` can find them (fails instead with
+KSEARCH_REQUIRE_NVRTC=1, as scripts/test.sh sets after installing them).
 
     cd python && python -m pytest -q tests/test_glue_nvrtc.py
 """
@@ -73,6 +74,8 @@ def wrap(name, ins, outs, body, template):
 def nvrtc():
     d = cu13_dir()
     if d is None:
+        if os.environ.get("KSEARCH_REQUIRE_NVRTC") == "1":
+            pytest.fail("NVRTC 13 from pip not found and KSEARCH_REQUIRE_NVRTC=1 (scripts/nvrtc-check.sh installs it)")
         pytest.skip("NVRTC 13 from pip not found (scripts/nvrtc-check.sh installs it)")
     for b in sorted(glob.glob(os.path.join(d, "lib", "libnvrtc-builtins.so.13*"))):
         try:
