@@ -17,7 +17,19 @@ use crate::{Cmd, Global, RunFlags};
 
 pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
     match cmd {
-        Cmd::Worker { backend, device, cache } => worker(&backend, device, cache),
+        Cmd::Worker {
+            backend,
+            device,
+            cache,
+            mem_limit,
+        } => worker(&backend, device, cache, mem_limit),
+        Cmd::Runner {
+            shm_fd,
+            so_fd,
+            slots,
+            offsets,
+            entries,
+        } => Ok(ksearch_eval::sandbox::runner_main(shm_fd, so_fd, &slots, &offsets, &entries)),
         Cmd::Tasks => tasks(g),
         Cmd::Run { task, flags } => run(g, &task, &flags),
         Cmd::Resume { run, flags } => resume(g, run, &flags),
@@ -84,11 +96,14 @@ fn load_kb(dir: Option<&Path>) -> Option<ksearch_kb::Kb> {
     }
 }
 
-fn worker(backend: &str, device: usize, cache: Option<PathBuf>) -> Result<i32> {
+fn worker(backend: &str, device: usize, cache: Option<PathBuf>, mem_limit: Option<u64>) -> Result<i32> {
     let cache = cache.unwrap_or_else(|| PathBuf::from(".ksearch/cache").join(backend));
     match backend {
         "cpu" => {
             let mut b = ksearch_eval::cpu::CpuBackend::new(cache);
+            if let Some(m) = mem_limit {
+                b.set_mem_limit(m);
+            }
             Ok(ksearch_eval::worker::serve(&mut b))
         }
         "cuda" => cuda_worker(device, cache),

@@ -140,6 +140,9 @@ pub fn make_pool(cfg: &RunConfig) -> Result<Pool> {
         if cfg.backend != "cpu" {
             args.push("--device".into());
             args.push(d.to_string());
+        } else {
+            args.push("--mem-limit".into());
+            args.push(cfg.mem_limit_bytes.to_string());
         }
         let mut env = Vec::new();
         if cfg.backend == "cpu" && std::env::var("OMP_NUM_THREADS").is_err() {

@@ -191,6 +191,23 @@ enum Cmd {
         device: usize,
         #[arg(long)]
         cache: Option<PathBuf>,
+        /// Data memory each candidate's runner may allocate (bytes).
+        #[arg(long)]
+        mem_limit: Option<u64>,
+    },
+    /// Run one candidate's kernel in a sandbox (started by a CPU worker; never by hand).
+    #[command(hide = true)]
+    Runner {
+        #[arg(long, allow_hyphen_values = true)]
+        shm_fd: i32,
+        #[arg(long, allow_hyphen_values = true)]
+        so_fd: i32,
+        #[arg(long, default_value = "")]
+        slots: String,
+        #[arg(long, default_value = "")]
+        offsets: String,
+        #[arg(long, default_value = "")]
+        entries: String,
     },
 }
 

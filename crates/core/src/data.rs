@@ -152,9 +152,44 @@ impl Check {
     }
 }
 
+/// A fresh poison for one run: a NaN of `dtype` with a random payload (never the quiet NaN
+/// that arithmetic produces), so a kernel cannot recognise the outputs of checked runs by
+/// their pattern. Integers get a random value.
+pub fn random_poison(dtype: DType, rng: &mut Rng) -> Vec<u8> {
+    // (exponent and sign-free bits of the pattern, mantissa bits, quiet bit)
+    let (exp, mbits, quiet): (u64, u32, u64) = match dtype {
+        DType::F32 => (0x7F80_0000, 23, 1 << 22),
+        DType::F16 => (0x7C00, 10, 1 << 9),
+        DType::Bf16 => (0x7F80, 7, 1 << 6),
+        DType::F64 => (0x7FF0_0000_0000_0000, 52, 1 << 51),
+        DType::I32 => return (rng.next_u64() as u32).to_le_bytes().to_vec(),
+    };
+    let mask = (1u64 << mbits) - 1;
+    let m = loop {
+        let m = rng.next_u64() & mask;
+        if m != 0 && m != quiet {
+            break m;
+        }
+    };
+    let sign = (rng.next_u64() & 1) << (dtype.size() * 8 - 1);
+    let v = sign | exp | m;
+    v.to_le_bytes()[..dtype.size()].to_vec()
+}
+
+/// Fill `buf` with copies of `pattern`.
+pub fn fill_pattern(buf: &mut [u8], pattern: &[u8]) {
+    for ch in buf.chunks_exact_mut(pattern.len()) {
+        ch.copy_from_slice(pattern);
+    }
+}
+
 /// Compare every element of `out` (raw bytes of `dtype`) with `reference`.
 pub fn check(out: &[u8], dtype: DType, reference: &[f64], tol: Tolerance) -> Check {
-    let p = poison_bytes(dtype);
+    check_with_poison(out, dtype, reference, tol, poison_bytes(dtype))
+}
+
+/// As `check`, for outputs that were poisoned with `p` before the run.
+pub fn check_with_poison(out: &[u8], dtype: DType, reference: &[f64], tol: Tolerance, p: &[u8]) -> Check {
     let mut c = Check {
         elements: reference.len(),
         ..Check::default()
@@ -221,6 +256,21 @@ mod tests {
             assert_eq!((c.unwritten, c.nan, c.mismatches), (1, 1, 0), "{dt}");
             assert!(!c.passed());
             assert!(decode(poison_bytes(dt), dt)[0].is_nan(), "{dt} poison must be a NaN");
+        }
+    }
+    #[test]
+    fn random_poison_is_a_rare_nan_that_changes() {
+        let mut rng = Rng::new(5);
+        for dt in [DType::F32, DType::F16, DType::Bf16, DType::F64] {
+            let a = random_poison(dt, &mut rng);
+            let b = random_poison(dt, &mut rng);
+            assert_eq!(a.len(), dt.size());
+            assert!(decode(&a, dt)[0].is_nan(), "{dt}");
+            assert_ne!(a, encode(&[f64::NAN], dt), "{dt}: not the canonical NaN");
+            let mut out = a.repeat(2);
+            out[dt.size()..].copy_from_slice(&b);
+            let c = check_with_poison(&out, dt, &[1.0, 1.0], Tolerance { atol: 1e-3, rtol: 0.0 }, &a);
+            assert!(c.unwritten >= 1, "{dt}");
         }
     }
     #[test]

@@ -198,6 +198,10 @@ pub enum FailureClass {
     Launch,
     /// The worker or the machine failed, not the candidate.
     Infra,
+    /// The candidate changed one of its inputs.
+    MutatedInput,
+    /// The search process died while this candidate ran, more than once: it is not retried.
+    KilledOrchestrator,
 }
 
 impl FailureClass {
@@ -215,6 +219,8 @@ impl FailureClass {
             FailureClass::BelowFloor => "below_floor",
             FailureClass::Launch => "launch",
             FailureClass::Infra => "infra",
+            FailureClass::MutatedInput => "mutated_input",
+            FailureClass::KilledOrchestrator => "killed_orchestrator",
         }
     }
     pub fn parse(s: &str) -> Option<FailureClass> {
@@ -232,6 +238,8 @@ impl FailureClass {
             BelowFloor,
             Launch,
             Infra,
+            MutatedInput,
+            KilledOrchestrator,
         ]
         .into_iter()
         .find(|c| c.name() == s)
@@ -332,6 +340,9 @@ pub enum Reply {
         /// when MLX has no GPU back-end here; `device` then says why). Absent: yes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         kernels: Option<bool>,
+        /// How this worker contains candidate code (e.g. `netns+landlock+seccomp`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        isolation: Option<String>,
     },
     /// A progress event for request `id` (the supervisor uses it to switch time-outs).
     Progress {

@@ -82,16 +82,29 @@ pub fn host_reference(task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Re
 
 /// Check every output against the reference; the merged check and the failure it implies.
 pub fn check_outputs(task: &Task, backend: &str, outputs: &[Vec<u8>], refs: &[Vec<f64>]) -> (Check, Option<Failure>) {
+    check_outputs_with(task, backend, outputs, refs, |i, out, r, tol| {
+        data::check(out, task.dtype_on(backend, &task.outputs[i]), r, tol)
+    })
+}
+
+/// `check_outputs` with the element check supplied (output index, bytes, reference, tolerance).
+pub fn check_outputs_with(
+    task: &Task,
+    backend: &str,
+    outputs: &[Vec<u8>],
+    refs: &[Vec<f64>],
+    check: impl Fn(usize, &[u8], &[f64], ksearch_core::task::Tolerance) -> Check,
+) -> (Check, Option<Failure>) {
     let mut all = Check::default();
     let mut msg = None;
-    for ((spec, out), r) in task.outputs.iter().zip(outputs).zip(refs) {
+    for (i, ((spec, out), r)) in task.outputs.iter().zip(outputs).zip(refs).enumerate() {
         let dt = task.dtype_on(backend, spec);
         let tol = task
             .tolerance
             .get(&dt)
             .copied()
             .unwrap_or(ksearch_core::task::Tolerance { atol: 1e-5, rtol: 1e-4 });
-        let c = data::check(out, dt, r, tol);
+        let c = check(i, out, r, tol);
         if !c.passed() && msg.is_none() {
             let (i, got, want) = c.first_bad.clone().unwrap_or((0, "?".into(), "?".into()));
             msg = Some((spec.name.clone(), i, got, want, c.clone(), tol));

@@ -1,34 +1,30 @@
-//! The CPU back-end: C++ candidates compiled by the system compiler into shared objects,
-//! loaded into the worker, checked against the f64 host reference and timed with a monotonic
-//! clock.
+//! The CPU back-end: C++ candidates compiled by the system compiler into shared objects (the
+//! trusted side), run in a sandboxed runner process (`sandbox.rs`) on buffers this worker
+//! fills and reads, and judged by the shared skeleton (`judge.rs`): f64 host reference, every
+//! element checked, time measured here around each call.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use ksearch_core::protocol::{
-    CompileInfo, EvalReply, EvalRequest, Failure, FailureClass, Lang, Resources, Timing, WorkloadResult,
-};
+use ksearch_core::protocol::{CompileInfo, EvalReply, EvalRequest, Failure, FailureClass, Lang, Resources};
 
 use crate::Backend;
-use crate::common::{check_outputs, host_reference, make_inputs, output_specs};
-
-/// Bytes of guard zone on each side of every output buffer.
-const GUARD: usize = 4096;
-const GUARD_BYTE: u8 = 0xCD;
-
-type Entry = unsafe extern "C" fn(*mut *mut u8, *const i64);
+use crate::common::output_specs;
+use crate::judge::{Device, Stop, judge_request};
+use crate::sandbox::{self, Death, Runner, SLACK_BYTE};
 
 pub struct CpuBackend {
     cache: PathBuf,
     compiler: String,
     flags: Vec<String>,
-    /// Loaded libraries stay mapped for the worker's life (unloading OpenMP code is unsafe).
-    libs: BTreeMap<PathBuf, &'static libloading::Library>,
     copy_gbs: f64,
     flush_buf: Vec<u8>,
     threads: usize,
+    /// Data memory a runner may allocate.
+    mem_limit: u64,
+    /// What the runner's sandbox achieved on this machine (probed at start).
+    isolation: String,
 }
 
 pub const CPU_FLAGS: &[&str] = &["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"];
@@ -41,13 +37,23 @@ impl CpuBackend {
             cache,
             compiler,
             flags: CPU_FLAGS.iter().map(|s| s.to_string()).collect(),
-            libs: BTreeMap::new(),
             copy_gbs: 0.0,
             flush_buf: vec![0u8; 64 << 20],
             threads,
+            mem_limit: 8 << 30,
+            isolation: String::new(),
         };
         b.copy_gbs = b.measure_copy();
+        b.isolation = match std::env::current_exe() {
+            Ok(exe) => sandbox::probe(&exe),
+            Err(_) => "unknown".into(),
+        };
         b
+    }
+
+    /// Limit the data memory of each runner.
+    pub fn set_mem_limit(&mut self, bytes: u64) {
+        self.mem_limit = bytes;
     }
 
     /// Best of a few 32 MiB copies, in GB/s (read + write bytes).
@@ -72,7 +78,11 @@ impl CpuBackend {
         std::hint::black_box(&mut self.flush_buf);
     }
 
-    fn compile(&mut self, req: &EvalRequest) -> Result<(PathBuf, CompileInfo), Failure> {
+    /// Compile (or take from the cache) and return the shared object's bytes. Cache entries are
+    /// addressed by the hash of source, flags, defines and compiler identity, and carry the
+    /// hash of the artefact, checked at every load: an entry changed by anyone but this
+    /// side is recompiled, never loaded.
+    fn compile(&mut self, req: &EvalRequest) -> Result<(Vec<u8>, CompileInfo), Failure> {
         let c = &req.candidate;
         let mut args: Vec<String> = self.flags.clone();
         args.push("-DKS_CPU=1".into());
@@ -83,25 +93,27 @@ impl CpuBackend {
             args.push(format!("-D{k}={v}"));
         }
         let version = compiler_version(&self.compiler);
-        use sha2::{Digest, Sha256};
-        let mut h = Sha256::new();
-        h.update(c.source.as_bytes());
-        h.update(args.join(" ").as_bytes());
-        h.update(version.as_bytes());
-        let key: String = h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect();
+        let key = sha256_hex(&[c.source.as_bytes(), args.join(" ").as_bytes(), version.as_bytes()], 16);
         let so = self.cache.join(format!("{key}.so"));
-        if so.is_file() {
-            return Ok((
-                so,
-                CompileInfo {
-                    log: String::new(),
-                    cached: true,
-                    seconds: 0.0,
-                },
-            ));
+        let sum = self.cache.join(format!("{key}.so.sha256"));
+        let mut note = String::new();
+        if let (Ok(bytes), Ok(want)) = (std::fs::read(&so), std::fs::read_to_string(&sum)) {
+            if sha256_hex(&[&bytes], 32) == want.trim() {
+                return Ok((
+                    bytes,
+                    CompileInfo {
+                        log: String::new(),
+                        cached: true,
+                        seconds: 0.0,
+                    },
+                ));
+            }
+            note = format!("cache entry {key}.so failed verification: recompiled\n");
+            let _ = std::fs::remove_file(&so);
+            let _ = std::fs::remove_file(&sum);
         }
         std::fs::create_dir_all(&self.cache).map_err(|e| infra(format!("cannot create cache {}: {e}", self.cache.display())))?;
-        let src = self.cache.join(format!("{key}.cpp"));
+        let src = self.cache.join(format!("{key}.{}.cpp", std::process::id()));
         std::fs::write(&src, &c.source).map_err(|e| infra(format!("cannot write {}: {e}", src.display())))?;
         let tmp = self.cache.join(format!("{key}.{}.tmp.so", std::process::id()));
         let t = Instant::now();
@@ -111,9 +123,14 @@ impl CpuBackend {
             .arg(&tmp)
             .arg(&src)
             .output()
-            .map_err(|e| infra(format!("cannot run compiler `{}`: {e}", self.compiler)))?;
+            .map_err(|e| infra(format!("cannot run compiler `{}`: {e}", self.compiler)));
+        let _ = std::fs::remove_file(&src);
+        let out = out?;
         let seconds = t.elapsed().as_secs_f64();
-        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        let log = format!(
+            "{note}{}",
+            String::from_utf8_lossy(&out.stderr).replace(&format!("{}", src.display()), "kernel.cpp")
+        );
         if !out.status.success() {
             let _ = std::fs::remove_file(&tmp);
             return Err(Failure {
@@ -121,9 +138,15 @@ impl CpuBackend {
                 message: first_lines(&log, 30),
             });
         }
-        std::fs::rename(&tmp, &so).map_err(|e| infra(format!("cannot move {}: {e}", tmp.display())))?;
+        let bytes = std::fs::read(&tmp).map_err(|e| infra(format!("cannot read {}: {e}", tmp.display())))?;
+        let hash = sha256_hex(&[&bytes], 32);
+        let sum_tmp = self.cache.join(format!("{key}.{}.tmp.sha256", std::process::id()));
+        std::fs::write(&sum_tmp, &hash)
+            .and_then(|_| std::fs::rename(&tmp, &so))
+            .and_then(|_| std::fs::rename(&sum_tmp, &sum))
+            .map_err(|e| infra(format!("cannot store {} in the cache: {e}", so.display())))?;
         Ok((
-            so,
+            bytes,
             CompileInfo {
                 log,
                 cached: false,
@@ -131,35 +154,15 @@ impl CpuBackend {
             },
         ))
     }
+}
 
-    fn load(&mut self, so: &Path, entries: &[String]) -> Result<Vec<Entry>, Failure> {
-        let lib = match self.libs.get(so) {
-            Some(l) => *l,
-            None => {
-                // SAFETY: loading a candidate runs its static initialisers: candidate code is
-                // untrusted, which is why it runs here, in a worker the supervisor can kill.
-                let l = unsafe { libloading::Library::new(so) }.map_err(|e| Failure {
-                    class: FailureClass::Compile,
-                    message: format!("cannot load compiled kernel: {e}"),
-                })?;
-                let l: &'static libloading::Library = Box::leak(Box::new(l));
-                self.libs.insert(so.to_path_buf(), l);
-                l
-            }
-        };
-        entries
-            .iter()
-            .map(|e| {
-                // SAFETY: the ABI of every entry point is fixed by the task format.
-                unsafe { lib.get::<Entry>(e.as_bytes()) }.map(|s| *s).map_err(|_| Failure {
-                    class: FailureClass::Compile,
-                    message: format!(
-                        "entry point `{e}` not found (declare it `extern \"C\" void {e}(void** bufs, const int64_t* dims)`)"
-                    ),
-                })
-            })
-            .collect()
+fn sha256_hex(parts: &[&[u8]], bytes: usize) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p);
     }
+    h.finalize().iter().take(bytes).map(|b| format!("{b:02x}")).collect()
 }
 
 fn infra(message: String) -> Failure {
@@ -182,50 +185,6 @@ fn compiler_version(cxx: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Output buffers with guard zones; pointers to their payloads.
-struct Outputs {
-    bufs: Vec<Vec<u8>>,
-    lens: Vec<usize>,
-}
-
-impl Outputs {
-    fn new(sizes: &[usize]) -> Outputs {
-        Outputs {
-            bufs: sizes.iter().map(|n| vec![GUARD_BYTE; n + 2 * GUARD]).collect(),
-            lens: sizes.to_vec(),
-        }
-    }
-    fn poison(&mut self, dtypes: &[ksearch_core::DType]) {
-        for ((b, n), dt) in self.bufs.iter_mut().zip(&self.lens).zip(dtypes) {
-            ksearch_core::data::fill_poison(&mut b[GUARD..GUARD + n], *dt);
-        }
-    }
-    fn ptrs(&mut self) -> Vec<*mut u8> {
-        // SAFETY: GUARD is within every buffer.
-        self.bufs.iter_mut().map(|b| unsafe { b.as_mut_ptr().add(GUARD) }).collect()
-    }
-    fn guards_intact(&self) -> Result<(), String> {
-        for (i, (b, n)) in self.bufs.iter().zip(&self.lens).enumerate() {
-            let before = b[..GUARD].iter().any(|x| *x != GUARD_BYTE);
-            let after = b[GUARD + n..].iter().any(|x| *x != GUARD_BYTE);
-            if before || after {
-                return Err(format!(
-                    "output {i}: bytes written {} its buffer",
-                    if before { "before" } else { "after" }
-                ));
-            }
-        }
-        Ok(())
-    }
-    fn payloads(&self) -> Vec<Vec<u8>> {
-        self.bufs
-            .iter()
-            .zip(&self.lens)
-            .map(|(b, n)| b[GUARD..GUARD + n].to_vec())
-            .collect()
-    }
-}
-
 impl Backend for CpuBackend {
     fn name(&self) -> &str {
         "cpu"
@@ -243,8 +202,11 @@ impl Backend for CpuBackend {
         format!("{model} ({} threads, copy {:.1} GB/s)", self.threads, self.copy_gbs)
     }
 
+    fn isolation(&self) -> Option<String> {
+        Some(self.isolation.clone())
+    }
+
     fn eval(&mut self, req: &EvalRequest, progress: &mut dyn FnMut(&str)) -> EvalReply {
-        let started = Instant::now();
         let mut reply = EvalReply {
             id: req.id,
             ..EvalReply::default()
@@ -264,120 +226,236 @@ impl Backend for CpuBackend {
             }
         };
         reply.compile = info;
-        let entries: Vec<String> = req.candidate.launches.iter().map(|l| l.entry.clone()).collect();
-        let fns = match self.load(&so, &entries) {
-            Ok(f) => f,
+        let t = Instant::now();
+        let mut dev = match CpuDevice::start(self, req, &so) {
+            Ok(d) => d,
             Err(f) => {
                 reply.failure = Some(f);
                 return reply;
             }
         };
+        reply.overhead_s += t.elapsed().as_secs_f64();
         progress("compiled");
-        let mut kernel_s = 0.0;
-        let mut other_s = 0.0;
-        let n = req.workloads.len();
-        for (wi, w) in req.workloads.iter().enumerate() {
-            let t_other = Instant::now();
-            let mut res = WorkloadResult {
-                label: w.label.clone(),
-                axes: w.axes.clone(),
-                seed: w.seed,
-                ..WorkloadResult::default()
-            };
-            let dims: Vec<i64> = req.task.axes.iter().map(|a| w.axes.get(a).copied().unwrap_or(0)).collect();
-            let prepared = make_inputs(&req.task, &req.backend, w)
-                .and_then(|i| output_specs(&req.task, &req.backend, w).map(|o| (i, o)))
-                .and_then(|(i, o)| host_reference(&req.task, w, &i).map(|r| (i, o, r)));
-            let (mut inputs, outs, refs) = match prepared {
-                Ok(x) => x,
-                Err(e) => {
-                    res.failure = Some(infra(e));
-                    reply.workloads.push(res);
-                    continue;
-                }
-            };
-            res.bytes = req.task.min_bytes(&req.backend, &w.axes).unwrap_or(0.0);
-            res.flops = req.task.flops(&w.axes);
-            let flops_peak = self.threads as f64 * 4.0e9 * 64.0;
-            let floor_s = (res.bytes / (4.0 * self.copy_gbs.max(1.0) * 1e9)).max(res.flops / flops_peak);
-            res.floor_us = Some(floor_s * 1e6);
-            let sizes: Vec<usize> = outs.iter().map(|(_, n, dt)| n * dt.size()).collect();
-            let dtypes: Vec<ksearch_core::DType> = outs.iter().map(|(_, _, d)| *d).collect();
-            let mut o = Outputs::new(&sizes);
-            o.poison(&dtypes);
-            let mut ptrs: Vec<*mut u8> = inputs.iter_mut().map(|t| t.bytes.as_mut_ptr()).collect();
-            ptrs.extend(o.ptrs());
-            other_s += t_other.elapsed().as_secs_f64();
-            let run = |ptrs: &mut Vec<*mut u8>| {
-                for f in &fns {
-                    // SAFETY: untrusted candidate code, run in this worker by design.
-                    unsafe { f(ptrs.as_mut_ptr(), dims.as_ptr()) };
-                }
-            };
-            let t = Instant::now();
-            run(&mut ptrs);
-            kernel_s += t.elapsed().as_secs_f64();
-            let t_other = Instant::now();
-            if let Err(e) = o.guards_intact() {
-                res.failure = Some(Failure {
-                    class: FailureClass::OutOfBounds,
-                    message: e,
-                });
-                reply.workloads.push(res);
-                continue;
-            }
-            let (check, failure) = check_outputs(&req.task, &req.backend, &o.payloads(), &refs);
-            res.check = check;
-            res.failure = failure;
-            other_s += t_other.elapsed().as_secs_f64();
-            if res.failure.is_none() && !req.check_only {
-                let tm = &req.timing;
-                for _ in 0..tm.warmup {
-                    run(&mut ptrs);
-                }
-                let mut samples = Vec::new();
-                let t_all = Instant::now();
-                while (samples.len() as u32) < tm.max_reps {
-                    if tm.flush {
-                        self.flush();
-                    }
-                    let t = Instant::now();
-                    run(&mut ptrs);
-                    samples.push(t.elapsed().as_secs_f64() * 1e6);
-                    if samples.len() as u32 >= tm.min_reps && t_all.elapsed().as_secs_f64() * 1e3 >= tm.target_ms {
-                        break;
-                    }
-                }
-                kernel_s += samples.iter().sum::<f64>() / 1e6;
-                // The timed runs must still compute the right thing (no state carried over).
-                o.poison(&dtypes);
-                run(&mut ptrs);
-                let (c2, f2) = check_outputs(&req.task, &req.backend, &o.payloads(), &refs);
-                if let Some(mut f) = f2 {
-                    f.message = format!("after timing: {}", f.message);
-                    res.failure = Some(f);
-                    res.check = c2;
-                }
-                let timing = Timing::from_samples(samples);
-                if timing.median_us < floor_s * 1e6 {
-                    res.failure = Some(Failure {
-                        class: FailureClass::BelowFloor,
-                        message: format!(
-                            "median {:.2} us is below the physical floor {:.2} us",
-                            timing.median_us,
-                            floor_s * 1e6
-                        ),
-                    });
-                }
-                res.timing = Some(timing);
-            }
-            reply.workloads.push(res);
-            progress(&format!("workload {}/{n}", wi + 1));
-        }
-        reply.kernel_s = kernel_s;
-        reply.overhead_s = other_s;
-        let _ = started;
+        judge_request(&mut dev, req, progress, &mut reply);
         reply.resources = Resources::default();
         reply
+    }
+}
+
+/// One candidate's runner and the buffers of the workload being judged.
+struct CpuDevice<'a> {
+    backend: &'a mut CpuBackend,
+    runner: Runner,
+    /// Slots of each workload: inputs then outputs.
+    slots: Vec<Vec<usize>>,
+    /// The bound workload: (slot, payload bytes) for inputs then outputs, and its input pools.
+    bufs: Vec<(usize, usize)>,
+    n_in: usize,
+    dims: Vec<i64>,
+    pools: Vec<Vec<u8>>,
+}
+
+impl<'a> CpuDevice<'a> {
+    fn start(backend: &'a mut CpuBackend, req: &EvalRequest, so: &[u8]) -> Result<CpuDevice<'a>, Failure> {
+        let mut sizes = Vec::new();
+        let mut slots = Vec::new();
+        for w in &req.workloads {
+            let mut mine = Vec::new();
+            let ins = make_input_sizes(req, w).map_err(infra)?;
+            let outs = output_specs(&req.task, &req.backend, w).map_err(infra)?;
+            for b in ins.into_iter().chain(outs.iter().map(|(_, n, dt)| n * dt.size())) {
+                mine.push(sizes.len());
+                sizes.push(b);
+            }
+            slots.push(mine);
+        }
+        let entries: Vec<String> = req.candidate.launches.iter().map(|l| l.entry.clone()).collect();
+        let exe = std::env::current_exe().map_err(|e| infra(format!("cannot find the runner executable: {e}")))?;
+        let runner = Runner::start(&exe, &sizes, so, &entries, backend.mem_limit).map_err(|e| match e.strip_prefix("LOAD:") {
+            Some(m) => Failure {
+                class: FailureClass::Compile,
+                message: m.to_string(),
+            },
+            None => Failure {
+                class: FailureClass::Crash,
+                message: e,
+            },
+        })?;
+        Ok(CpuDevice {
+            backend,
+            runner,
+            slots,
+            bufs: Vec::new(),
+            n_in: 0,
+            dims: Vec::new(),
+            pools: Vec::new(),
+        })
+    }
+
+    /// What the runner's death means.
+    fn death(&mut self, d: Death, doing: &str) -> Stop {
+        let tail = self.runner.stderr_tail();
+        let with_tail = |m: String| if tail.is_empty() { m } else { format!("{m}; stderr: {tail}") };
+        match d {
+            Death::Signal { sig, fault } => {
+                if let Some(addr) = fault
+                    && let Some((slot, past)) = self.runner.locate_fault(addr)
+                    && let Some(pos) = self.bufs.iter().position(|(s, _)| *s == slot)
+                {
+                    let (kind, i) = if pos < self.n_in {
+                        ("input", pos)
+                    } else {
+                        ("output", pos - self.n_in)
+                    };
+                    let msg = if past >= 0 {
+                        format!("accessed {kind} {i} {} bytes past its end ({doing})", past + 1)
+                    } else {
+                        format!("accessed {kind} {i} {} bytes before its start ({doing})", -past)
+                    };
+                    return Stop::fatal(FailureClass::OutOfBounds, msg);
+                }
+                if fault.is_some_and(|a| self.runner.locate_fault(a).is_some()) {
+                    return Stop::fatal(
+                        FailureClass::OutOfBounds,
+                        format!("accessed a guard page next to a buffer of another workload ({doing})"),
+                    );
+                }
+                let lower = tail.to_lowercase();
+                let near_limit = self.runner.peak_rss as f64 > 0.8 * self.backend.mem_limit as f64;
+                if near_limit
+                    || lower.contains("bad_alloc")
+                    || lower.contains("out of memory")
+                    || lower.contains("cannot allocate")
+                {
+                    return Stop::fatal(
+                        FailureClass::OutOfMemory,
+                        with_tail(format!(
+                            "the kernel ran out of memory (limit {} MiB) while {doing}",
+                            self.backend.mem_limit >> 20
+                        )),
+                    );
+                }
+                Stop::fatal(
+                    FailureClass::Crash,
+                    with_tail(format!("kernel process killed by {} ({sig}) while {doing}", signal_name(sig))),
+                )
+            }
+            Death::Exit(code) => Stop::fatal(
+                FailureClass::Crash,
+                with_tail(format!("kernel process exited with code {code} while {doing}")),
+            ),
+        }
+    }
+}
+
+fn make_input_sizes(req: &EvalRequest, w: &ksearch_core::protocol::WorkloadReq) -> Result<Vec<usize>, String> {
+    req.task
+        .inputs
+        .iter()
+        .map(|t| {
+            let n: usize = ksearch_core::task::shape_of(t, &w.axes)?.iter().product();
+            Ok(n * req.task.dtype_on(&req.backend, t).size())
+        })
+        .collect()
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        15 => "SIGTERM",
+        31 => "SIGSYS",
+        _ => "a signal",
+    }
+}
+
+impl Device for CpuDevice<'_> {
+    fn bind(&mut self, index: usize, dims: &[i64], pools: &[&[u8]], inputs: &[usize], outputs: &[usize]) -> Result<(), Stop> {
+        let slots = &self.slots[index];
+        self.bufs = slots.iter().copied().zip(inputs.iter().chain(outputs).copied()).collect();
+        self.n_in = inputs.len();
+        self.dims = dims.to_vec();
+        self.pools = pools.iter().map(|p| p.to_vec()).collect();
+        for &(slot, _) in &self.bufs {
+            self.runner.slot(slot).fill(SLACK_BYTE);
+        }
+        Ok(())
+    }
+
+    fn stage(&mut self, offsets: &[usize]) -> Result<(), Stop> {
+        for (i, off) in offsets.iter().enumerate() {
+            let (slot, size) = self.bufs[i];
+            let src = &self.pools[i][*off..off + size];
+            self.runner.payload(slot, size).copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    fn poison(&mut self, patterns: &[Vec<u8>]) -> Result<(), Stop> {
+        for (j, p) in patterns.iter().enumerate() {
+            let (slot, size) = self.bufs[self.n_in + j];
+            ksearch_core::data::fill_pattern(self.runner.payload(slot, size), p);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) {
+        self.backend.flush();
+    }
+
+    fn run(&mut self) -> Result<f64, Stop> {
+        let bufs = self.bufs.clone();
+        let dims = self.dims.clone();
+        self.runner.run(&bufs, &dims).map_err(|d| self.death(d, "running"))
+    }
+
+    fn read_back(&mut self) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>), Stop> {
+        let bufs = self.bufs.clone();
+        let n_in = self.n_in;
+        let got = self.runner.stopped(|r| {
+            let mut slack = None;
+            for (k, &(slot, size)) in bufs.iter().enumerate() {
+                let start = sandbox::payload_offset(size);
+                let s = r.slot(slot);
+                let before = s[..start].iter().any(|b| *b != SLACK_BYTE);
+                let after = s[start + size..].iter().any(|b| *b != SLACK_BYTE);
+                if before || after {
+                    slack = Some((k, before));
+                    break;
+                }
+            }
+            let ins: Vec<Vec<u8>> = bufs[..n_in]
+                .iter()
+                .map(|&(slot, size)| r.payload(slot, size).to_vec())
+                .collect();
+            let outs: Vec<Vec<u8>> = bufs[n_in..]
+                .iter()
+                .map(|&(slot, size)| r.payload(slot, size).to_vec())
+                .collect();
+            (slack, outs, ins)
+        });
+        match got {
+            Ok((Some((k, before)), _, _)) => {
+                let (kind, i) = if k < n_in { ("input", k) } else { ("output", k - n_in) };
+                Err(Stop::fail(
+                    FailureClass::OutOfBounds,
+                    format!(
+                        "wrote {} {kind} {i}",
+                        if before { "before the start of" } else { "past the end of" }
+                    ),
+                ))
+            }
+            Ok((None, outs, ins)) => Ok((outs, ins)),
+            Err(d) => Err(self.death(d, "stopping to read outputs")),
+        }
+    }
+
+    fn floor_s(&self, bytes: f64, flops: f64) -> f64 {
+        let flops_peak = self.backend.threads as f64 * 4.0e9 * 64.0;
+        (bytes / (4.0 * self.backend.copy_gbs.max(1.0) * 1e9)).max(flops / flops_peak)
     }
 }

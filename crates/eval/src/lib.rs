@@ -5,7 +5,10 @@
 pub mod common;
 pub mod cpu;
 pub mod cuda;
+pub mod judge;
 pub mod mlx_cuda;
+pub mod sandbox;
+pub mod scrub;
 pub mod supervisor;
 pub mod worker;
 
@@ -22,4 +25,8 @@ pub trait Backend {
     /// Compile, check and time. `progress` reports stages ("compiled", "workload 1/3") so the
     /// supervisor can apply the right time-out.
     fn eval(&mut self, req: &EvalRequest, progress: &mut dyn FnMut(&str)) -> EvalReply;
+    /// How candidate code is contained on this back-end (printed in the run header).
+    fn isolation(&self) -> Option<String> {
+        None
+    }
 }

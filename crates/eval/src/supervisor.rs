@@ -56,6 +56,9 @@ pub struct Supervisor {
     pub backend: String,
     /// What the worker's hello said about running kernels (`None`: it did not say).
     pub kernels: Option<bool>,
+    /// How the worker contains candidate code, as its hello said.
+    pub isolation: Option<String>,
+    scrubber: crate::scrub::Scrubber,
 }
 
 fn rss_bytes(pid: u32) -> Option<u64> {
@@ -88,7 +91,14 @@ impl Supervisor {
             device: String::new(),
             backend: String::new(),
             kernels: None,
+            isolation: None,
+            scrubber: crate::scrub::Scrubber::from_env(&[]),
         }
+    }
+
+    /// Also scrub the values of these variables (configured key variables) from replies.
+    pub fn scrub_also(&mut self, names: &[String]) {
+        self.scrubber = crate::scrub::Scrubber::from_env(names);
     }
 
     pub fn limits(&self) -> Limits {
@@ -97,12 +107,25 @@ impl Supervisor {
 
     fn spawn(&mut self) -> Result<(), String> {
         let mut cmd = Command::new(&self.spec.program);
+        // The worker sees only the allow-listed environment (never a key), dies with the
+        // search process, and leads a process group of its own so it can be killed whole.
         cmd.args(&self.spec.args)
+            .env_clear()
+            .envs(crate::scrub::worker_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (k, v) in &self.spec.env {
             cmd.env(k, v);
+        }
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::setpgid(0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                Ok(())
+            });
         }
         let mut child = cmd
             .spawn()
@@ -151,20 +174,35 @@ impl Supervisor {
                         backend,
                         device,
                         kernels,
+                        isolation,
                         ..
                     }) = serde_json::from_str::<Reply>(&l)
                     {
                         self.backend = backend;
-                        self.device = device;
+                        self.device = self.scrubber.text(&device);
                         self.kernels = kernels;
+                        self.isolation = isolation;
                         break;
                     }
                 }
                 Err(_) => {
+                    let exited = matches!(w.child.try_wait(), Ok(Some(_)));
                     let _ = w.child.kill();
                     let _ = w.child.wait();
+                    std::thread::sleep(Duration::from_millis(20));
                     let err = w.stderr.lock().map(|v| v.join("\n")).unwrap_or_default();
-                    return Err(format!("worker did not start: {}", last_lines(&err, 5)));
+                    let tail = last_lines(&err, 5);
+                    let why = if !tail.is_empty() {
+                        tail
+                    } else if exited {
+                        "it exited without a word".to_string()
+                    } else {
+                        format!(
+                            "no greeting within {:.1} s (the compile time-out; is it too short?)",
+                            self.limits.compile_timeout.as_secs_f64()
+                        )
+                    };
+                    return Err(self.scrubber.text(&format!("worker did not start: {why}")));
                 }
             }
         }
@@ -182,6 +220,10 @@ impl Supervisor {
 
     fn kill(&mut self) -> Option<std::process::ExitStatus> {
         let mut w = self.worker.take()?;
+        // SAFETY: the worker leads its own process group: kill it whole.
+        unsafe {
+            libc::kill(-(w.child.id() as libc::pid_t), libc::SIGKILL);
+        }
         let _ = w.child.kill();
         w.child.wait().ok()
     }
@@ -197,13 +239,17 @@ impl Supervisor {
     /// dies, hangs or grows past the memory limit yields a classified failure, and the next
     /// call starts a fresh worker.
     pub fn eval(&mut self, req: &EvalRequest) -> EvalReply {
-        self.exchange(Request::Eval(Box::new(req.clone())), req)
+        let mut r = self.exchange(Request::Eval(Box::new(req.clone())), req);
+        self.scrubber.reply(&mut r);
+        r
     }
 
     /// Time the back-end's native implementation on `req`'s workloads (see
     /// `Request::Baseline`), with the same limits and failure handling as `eval`.
     pub fn baseline(&mut self, req: &EvalRequest) -> EvalReply {
-        self.exchange(Request::Baseline(Box::new(req.clone())), req)
+        let mut r = self.exchange(Request::Baseline(Box::new(req.clone())), req);
+        self.scrubber.reply(&mut r);
+        r
     }
 
     fn exchange(&mut self, msg: Request, req: &EvalRequest) -> EvalReply {

@@ -42,6 +42,7 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernels: None,
+        isolation: backend.isolation(),
     };
     if !send(&mut out, &hello) {
         return 3;

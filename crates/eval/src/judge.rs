@@ -1,0 +1,363 @@
+//! The judge: the one evaluation skeleton every Rust back-end runs (poison → run → check →
+//! time → re-check → floor). It is trusted code and never trusts the candidate:
+//!
+//! - inputs come from a pool drawn once per workload; every run copies each input from a fresh
+//!   random offset of its pool, so no run sees inputs it has seen before at that address, and
+//!   outputs get a fresh random NaN poison, so a checked run looks like any other;
+//! - the first run is checked; among the timed runs, one chosen at random and the last are
+//!   checked too (the back-end stops the candidate before outputs are read), each against its
+//!   own reference, computed only after the candidate's runs;
+//! - inputs are read back after checked runs and compared byte for byte (`mutated_input`);
+//! - the time is measured by trusted code around the run, and a median under the physical
+//!   floor is `below_floor`, never a result.
+//!
+//! A back-end implements [`Device`]: where buffers live and how the candidate is run.
+
+use ksearch_core::data::{self, Rng};
+use ksearch_core::protocol::{Failure, FailureClass, Timing, TimingReq, WorkloadReq, WorkloadResult};
+use ksearch_core::task::{DType, Task};
+
+use crate::common::{HostTensor, host_reference};
+
+/// Why a workload stopped. `fatal`: the candidate's process or context is gone (crash, device
+/// fault); the evaluation ends with this failure.
+#[derive(Debug, Clone)]
+pub struct Stop {
+    pub failure: Failure,
+    pub fatal: bool,
+}
+
+impl Stop {
+    pub fn fail(class: FailureClass, message: impl Into<String>) -> Stop {
+        Stop {
+            failure: Failure {
+                class,
+                message: message.into(),
+            },
+            fatal: false,
+        }
+    }
+    pub fn fatal(class: FailureClass, message: impl Into<String>) -> Stop {
+        Stop {
+            failure: Failure {
+                class,
+                message: message.into(),
+            },
+            fatal: true,
+        }
+    }
+}
+
+/// Where one workload's buffers live and how the candidate runs on them. Trusted code.
+pub trait Device {
+    /// Prepare workload `index` of the request: input pools (bytes), input and output sizes
+    /// (bytes) and the dimensions passed to the kernel.
+    fn bind(&mut self, index: usize, dims: &[i64], pools: &[&[u8]], inputs: &[usize], outputs: &[usize]) -> Result<(), Stop>;
+    /// Copy input `i` from its pool, starting at byte `offsets[i]`, into the input buffer.
+    fn stage(&mut self, offsets: &[usize]) -> Result<(), Stop>;
+    /// Fill output `i` with copies of `patterns[i]`.
+    fn poison(&mut self, patterns: &[Vec<u8>]) -> Result<(), Stop>;
+    /// Evict caches before a timed run.
+    fn flush(&mut self) {}
+    /// Run every launch once; the seconds it took, measured by trusted code.
+    fn run(&mut self) -> Result<f64, Stop>;
+    /// After a run: make sure the candidate is no longer running (e.g. stop its process), then
+    /// read back every output and input.
+    fn read_back(&mut self) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>), Stop>;
+    /// The reference outputs for these inputs (f64, the task's declared outputs).
+    fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, Stop> {
+        host_reference(task, w, inputs).map_err(|e| Stop::fail(FailureClass::Infra, e))
+    }
+    /// Lower bound on the run time for `bytes` moved and `flops` done (seconds).
+    fn floor_s(&self, bytes: f64, flops: f64) -> f64;
+}
+
+/// An input's pool: values drawn once for the workload, longer than the input so each run
+/// takes a window at a fresh offset.
+struct Pool {
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    len: usize,
+    values: Vec<f64>,
+    bytes: Vec<u8>,
+}
+
+/// Extra pool elements beyond the input: enough distinct windows that runs almost never
+/// repeat one.
+fn pool_extra(n: usize) -> usize {
+    (n / 4).max(4096)
+}
+
+fn make_pools(task: &Task, backend: &str, w: &WorkloadReq) -> Result<Vec<Pool>, String> {
+    task.inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let shape = ksearch_core::task::shape_of(t, &w.axes)?;
+            let len: usize = shape.iter().product();
+            let dtype = task.dtype_on(backend, t);
+            let values = data::draw(&t.init, dtype, len + pool_extra(len), data::sub_seed(w.seed, i));
+            let bytes = data::encode(&values, dtype);
+            Ok(Pool {
+                name: t.name.clone(),
+                dtype,
+                shape,
+                len,
+                values,
+                bytes,
+            })
+        })
+        .collect()
+}
+
+/// What one checked run saw.
+struct Seen {
+    /// Element offsets into each pool.
+    offsets: Vec<usize>,
+    poisons: Vec<Vec<u8>>,
+    outputs: Vec<Vec<u8>>,
+    inputs: Vec<Vec<u8>>,
+    what: &'static str,
+}
+
+/// Evaluate the candidate (already loaded in `dev`) on workload `index` of the request.
+/// `kernel_s` accumulates the seconds the candidate ran.
+#[allow(clippy::too_many_arguments)]
+pub fn judge_workload(
+    dev: &mut dyn Device,
+    task: &Task,
+    backend: &str,
+    index: usize,
+    w: &WorkloadReq,
+    timing: &TimingReq,
+    check_only: bool,
+    kernel_s: &mut f64,
+) -> Result<WorkloadResult, Stop> {
+    let mut res = WorkloadResult {
+        label: w.label.clone(),
+        axes: w.axes.clone(),
+        seed: w.seed,
+        ..WorkloadResult::default()
+    };
+    let pools = make_pools(task, backend, w).map_err(|e| Stop::fail(FailureClass::Infra, e))?;
+    let outs = crate::common::output_specs(task, backend, w).map_err(|e| Stop::fail(FailureClass::Infra, e))?;
+    let dims: Vec<i64> = task.axes.iter().map(|a| w.axes.get(a).copied().unwrap_or(0)).collect();
+    let in_bytes: Vec<usize> = pools.iter().map(|p| p.len * p.dtype.size()).collect();
+    let out_bytes: Vec<usize> = outs.iter().map(|(_, n, dt)| n * dt.size()).collect();
+    let pool_bytes: Vec<&[u8]> = pools.iter().map(|p| p.bytes.as_slice()).collect();
+    dev.bind(index, &dims, &pool_bytes, &in_bytes, &out_bytes)?;
+    res.bytes = task.min_bytes(backend, &w.axes).unwrap_or(0.0);
+    res.flops = task.flops(&w.axes);
+    let floor_s = dev.floor_s(res.bytes, res.flops);
+    res.floor_us = Some(floor_s * 1e6);
+
+    // The judge's own randomness (offsets, poisons, which runs are checked): derived from the
+    // evaluation's seed, which the candidate never sees.
+    let mut rng = Rng::new(data::sub_seed(w.seed, 0x4A55_4447));
+    let out_types: Vec<DType> = outs.iter().map(|(_, _, d)| *d).collect();
+    let prepare = |dev: &mut dyn Device, rng: &mut Rng, flush: bool| -> Result<(Vec<usize>, Vec<Vec<u8>>), Stop> {
+        let offsets: Vec<usize> = pools
+            .iter()
+            .map(|p| (rng.next_u64() % (pools_extra_of(p) as u64 + 1)) as usize)
+            .collect();
+        let byte_offsets: Vec<usize> = offsets.iter().zip(&pools).map(|(o, p)| o * p.dtype.size()).collect();
+        dev.stage(&byte_offsets)?;
+        let poisons: Vec<Vec<u8>> = out_types.iter().map(|d| data::random_poison(*d, rng)).collect();
+        dev.poison(&poisons)?;
+        if flush {
+            dev.flush();
+        }
+        Ok((offsets, poisons))
+    };
+
+    // 1. A first run, checked at once: a wrong kernel is not timed.
+    let (offsets, poisons) = prepare(dev, &mut rng, false)?;
+    *kernel_s += dev.run()?;
+    let (outputs, inputs) = dev.read_back()?;
+    let first = Seen {
+        offsets,
+        poisons,
+        outputs,
+        inputs,
+        what: "",
+    };
+    if let Some(f) = verify(dev, task, backend, w, &pools, &out_types, &first, &mut res)? {
+        res.failure = Some(f);
+        return Ok(res);
+    }
+    if check_only {
+        return Ok(res);
+    }
+
+    // 2. Warm-up and timed runs, each on fresh inputs and poison.
+    for _ in 0..timing.warmup {
+        prepare(dev, &mut rng, false)?;
+        *kernel_s += dev.run()?;
+    }
+    let min_reps = timing.min_reps.max(1);
+    let max_reps = timing.max_reps.max(min_reps);
+    // One timed run among the first `min_reps`, chosen at random, is checked (and the last).
+    let spot = (rng.next_u64() % min_reps as u64) as u32;
+    let mut samples = Vec::new();
+    let mut seen = Vec::new();
+    let mut spent = 0.0;
+    loop {
+        let rep = samples.len() as u32;
+        let (offsets, poisons) = prepare(dev, &mut rng, timing.flush)?;
+        let t = dev.run()?;
+        *kernel_s += t;
+        spent += t;
+        samples.push(t * 1e6);
+        let last = samples.len() as u32 >= max_reps || (samples.len() as u32 >= min_reps && spent * 1e3 >= timing.target_ms);
+        if rep == spot || last {
+            let (outputs, inputs) = dev.read_back()?;
+            seen.push(Seen {
+                offsets,
+                poisons,
+                outputs,
+                inputs,
+                what: if last { "last timed run" } else { "a timed run" },
+            });
+        }
+        if last {
+            break;
+        }
+    }
+    // 3. The checked timed runs must be as right as the first one.
+    for s in &seen {
+        let mut probe = WorkloadResult::default();
+        if let Some(mut f) = verify(dev, task, backend, w, &pools, &out_types, s, &mut probe)? {
+            f.message = format!("{}: {}", s.what, f.message);
+            res.check = probe.check;
+            res.failure = Some(f);
+            return Ok(res);
+        }
+    }
+    let timing = Timing::from_samples(samples);
+    if timing.median_us < floor_s * 1e6 {
+        res.failure = Some(Failure {
+            class: FailureClass::BelowFloor,
+            message: format!(
+                "median {:.2} us is below the physical floor {:.2} us",
+                timing.median_us,
+                floor_s * 1e6
+            ),
+        });
+    }
+    res.timing = Some(timing);
+    Ok(res)
+}
+
+fn pools_extra_of(p: &Pool) -> usize {
+    p.values.len() - p.len
+}
+
+/// Check one run: inputs unchanged, every output element against the reference of exactly
+/// the inputs that run saw. Fills `res.check`; returns the failure, if any.
+#[allow(clippy::too_many_arguments)]
+fn verify(
+    dev: &mut dyn Device,
+    task: &Task,
+    backend: &str,
+    w: &WorkloadReq,
+    pools: &[Pool],
+    out_types: &[DType],
+    s: &Seen,
+    res: &mut WorkloadResult,
+) -> Result<Option<Failure>, Stop> {
+    for ((p, got), off) in pools.iter().zip(&s.inputs).zip(&s.offsets) {
+        let sz = p.dtype.size();
+        let want = &p.bytes[off * sz..(off + p.len) * sz];
+        if got.as_slice() != want {
+            let first = got
+                .chunks_exact(sz)
+                .zip(want.chunks_exact(sz))
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            let changed = got
+                .chunks_exact(sz)
+                .zip(want.chunks_exact(sz))
+                .filter(|(a, b)| a != b)
+                .count();
+            return Ok(Some(Failure {
+                class: FailureClass::MutatedInput,
+                message: format!(
+                    "input `{}`: {changed} elements changed by the kernel (first at {first})",
+                    p.name
+                ),
+            }));
+        }
+    }
+    let inputs: Vec<HostTensor> = pools
+        .iter()
+        .zip(&s.offsets)
+        .map(|(p, off)| {
+            let sz = p.dtype.size();
+            HostTensor {
+                name: p.name.clone(),
+                dtype: p.dtype,
+                shape: p.shape.clone(),
+                values: p.values[*off..off + p.len].to_vec(),
+                bytes: p.bytes[off * sz..(off + p.len) * sz].to_vec(),
+            }
+        })
+        .collect();
+    let refs = dev.reference(task, w, &inputs)?;
+    let (check, failure) = check_outputs_poisoned(task, backend, &s.outputs, &refs, out_types, &s.poisons);
+    res.check = check;
+    Ok(failure)
+}
+
+/// `common::check_outputs` for outputs poisoned with per-output patterns.
+fn check_outputs_poisoned(
+    task: &Task,
+    backend: &str,
+    outputs: &[Vec<u8>],
+    refs: &[Vec<f64>],
+    types: &[DType],
+    poisons: &[Vec<u8>],
+) -> (data::Check, Option<Failure>) {
+    crate::common::check_outputs_with(task, backend, outputs, refs, |i, out, r, tol| {
+        data::check_with_poison(out, types[i], r, tol, &poisons[i])
+    })
+}
+
+/// The evaluation of every workload of a request on a loaded candidate, in order. A fatal
+/// stop ends the evaluation: the remaining workloads are not run.
+pub fn judge_request(
+    dev: &mut dyn Device,
+    req: &ksearch_core::protocol::EvalRequest,
+    progress: &mut dyn FnMut(&str),
+    reply: &mut ksearch_core::protocol::EvalReply,
+) {
+    let n = req.workloads.len();
+    let mut kernel_s = 0.0;
+    for (i, w) in req.workloads.iter().enumerate() {
+        let t = std::time::Instant::now();
+        let mut k = 0.0;
+        match judge_workload(dev, &req.task, &req.backend, i, w, &req.timing, req.check_only, &mut k) {
+            Ok(r) => reply.workloads.push(r),
+            Err(stop) => {
+                let r = WorkloadResult {
+                    label: w.label.clone(),
+                    axes: w.axes.clone(),
+                    seed: w.seed,
+                    failure: Some(stop.failure.clone()),
+                    ..WorkloadResult::default()
+                };
+                reply.workloads.push(r);
+                if stop.fatal {
+                    reply.failure = Some(stop.failure);
+                    kernel_s += k;
+                    reply.overhead_s += (t.elapsed().as_secs_f64() - k).max(0.0);
+                    break;
+                }
+            }
+        }
+        kernel_s += k;
+        reply.overhead_s += (t.elapsed().as_secs_f64() - k).max(0.0);
+        progress(&format!("workload {}/{n}", i + 1));
+    }
+    reply.kernel_s = kernel_s;
+}
