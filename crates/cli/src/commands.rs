@@ -65,6 +65,14 @@ fn file_config(g: &Global) -> Result<FileConfig> {
     config::load(g.config.as_deref())
 }
 
+/// How the first worker contains candidate code, in words for a header.
+fn isolation_of(s: &Search) -> String {
+    match s.pool.workers.first().and_then(|w| w.isolation.clone()) {
+        Some(i) if !i.is_empty() => i,
+        _ => "worker process only (the back-end runs trusted host code; candidate code is device code)".into(),
+    }
+}
+
 fn store_path(g: &Global, fc: &FileConfig) -> PathBuf {
     g.store
         .clone()
@@ -311,6 +319,7 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
             cfg.planner,
             cfg.rounds
         );
+        eprintln!("isolation: {}", isolation_of(&s));
     }
     s.start()?;
     drive(&mut s, budget)
@@ -508,9 +517,27 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
         .transpose()?;
     let mut s = new_search(store, run_id, cfg, task, f, g.quiet)?;
     let mut nodes = s.store.nodes(run_id)?;
-    // A node left running by a killed process is tried again.
+    // A node left running by a killed process is tried again, once: a node that was running
+    // both times the search process died (a candidate that kills its orchestrator) is failed
+    // instead of retried forever.
     for n in nodes.iter_mut().filter(|n| n.status == NodeStatus::Running) {
-        n.status = NodeStatus::Open;
+        if n.attempts >= 2 {
+            n.status = NodeStatus::Failed;
+            n.failure = Some(ksearch_core::protocol::FailureClass::KilledOrchestrator);
+            n.assessment.overall = 0.0;
+            n.assessment.hw_fit.note = format!(
+                "the search process died while this node ran ({} times): not retried",
+                n.attempts
+            );
+            if !g.quiet {
+                eprintln!(
+                    "node {} was running when the search process died twice: failed (killed_orchestrator)",
+                    n.id
+                );
+            }
+        } else {
+            n.status = NodeStatus::Open;
+        }
         s.store.update_node(n)?;
     }
     s.tree = Tree::from_nodes(nodes);
@@ -883,10 +910,11 @@ fn bench(
         rows.push((list_heldout, rs, rc));
     }
     println!(
-        "{} on {} ({})",
+        "{} on {} ({}); isolation: {}",
         s.task.name,
         s.cfg.backend,
-        s.pool.workers.first().map(|w| w.device.as_str()).unwrap_or("")
+        s.pool.workers.first().map(|w| w.device.as_str()).unwrap_or(""),
+        isolation_of(&s)
     );
     let mut ok = true;
     for (h, rs, rc) in &rows {

@@ -220,6 +220,12 @@ pub struct Global {
 }
 
 fn main() {
+    // Neither candidates nor anything else of this user may read this process's memory or
+    // environment through /proc or ptrace.
+    // SAFETY: prctl on this process, no memory arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -170,7 +170,7 @@ fn misbehaving_kernels_are_classified_and_the_search_goes_on() {
         ("overrun", "FAILED out_of_bounds"),
         ("wrong", "FAILED wrong"),
         ("broken", "FAILED compile"),
-        ("cheat", "FAILED below_floor"),
+        ("cheat", "FAILED unwritten"),
     ] {
         let line = t
             .lines()

@@ -67,7 +67,13 @@ pub fn arena_len(lens: &[usize]) -> usize {
 }
 
 /// Environment variables a runner may see (everything else is dropped).
-const RUNNER_ENV: &[&str] = &["OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_WAIT_POLICY"];
+const RUNNER_ENV: &[&str] = &[
+    "OMP_NUM_THREADS",
+    "OMP_PROC_BIND",
+    "OMP_PLACES",
+    "OMP_WAIT_POLICY",
+    "LD_LIBRARY_PATH",
+];
 
 fn memfd(name: &str) -> Result<OwnedFd, String> {
     let c = CString::new(name).map_err(|e| e.to_string())?;
@@ -667,6 +673,13 @@ fn landlock() -> Result<&'static str, String> {
     use landlock::{ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules};
     let abi = ABI::V6;
     let read = AccessFs::from_read(abi);
+    // The C++ runtime of a compiler outside /usr is found through LD_LIBRARY_PATH.
+    let extra: Vec<String> = std::env::var("LD_LIBRARY_PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|p| p.starts_with('/'))
+        .map(String::from)
+        .collect();
     let status = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))
         .map_err(|e| e.to_string())?
@@ -686,7 +699,10 @@ fn landlock() -> Result<&'static str, String> {
                 "/sys/devices/system/cpu",
                 "/dev/null",
                 "/dev/urandom",
-            ],
+            ]
+            .into_iter()
+            .map(String::from)
+            .chain(extra),
             read,
         ))
         .map_err(|e| e.to_string())?
@@ -763,6 +779,15 @@ pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entr
     if shm_fd >= 0 {
         // SAFETY: the buffer file is mapped; its descriptor is not needed any more.
         unsafe { libc::close(shm_fd) };
+    }
+    // Nothing but the reply channel and the kernel is left open (whatever the worker may have
+    // leaked to its children).
+    let keep = [out.as_raw_fd(), so_fd];
+    for fd in 3..4096 {
+        if !keep.contains(&fd) {
+            // SAFETY: closing descriptors this process does not use.
+            unsafe { libc::close(fd) };
+        }
     }
     install_fault_handler();
 

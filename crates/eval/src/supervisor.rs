@@ -449,3 +449,39 @@ impl Pool {
         out.into_iter().map(|r| r.unwrap_or_default()).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker sees no key: the environment it starts with is the allow-list only.
+    #[test]
+    fn workers_start_without_secrets() {
+        // SAFETY: this test is the only one in this binary touching these variables.
+        unsafe {
+            std::env::set_var("ZZ_CANARY_TOKEN", "sk-canary-secret-value-1234");
+            std::env::set_var("ZZ_UNLISTED_SETTING", "unlistedvalue123456");
+        }
+        let script =
+            r#"printf '{"reply":"hello","backend":"t","device":"%s","pid":1,"version":"0"}\n' "$(env | grep -c ZZ_)"; read x"#;
+        let mut s = Supervisor::new(
+            WorkerSpec {
+                program: "/bin/sh".into(),
+                args: vec!["-c".into(), script.into()],
+                env: vec![],
+            },
+            Limits::default(),
+        );
+        assert_eq!(s.start().unwrap(), "0", "variables outside the allow-list reached the worker");
+        // And what comes back is scrubbed of them.
+        let r = EvalReply::failed(
+            1,
+            FailureClass::Crash,
+            "leaked sk-canary-secret-value-1234 and unlistedvalue123456",
+        );
+        let mut r2 = r.clone();
+        s.scrubber.reply(&mut r2);
+        assert_eq!(r2.failure.unwrap().message, "leaked [redacted] and [redacted]");
+        s.shutdown();
+    }
+}

@@ -12,9 +12,10 @@ use crate::Backend;
 
 fn protocol_channel() -> std::fs::File {
     // SAFETY: dup/dup2 on the process's own standard descriptors; the duplicate is owned by
-    // the returned File and nothing else closes it.
+    // the returned File and nothing else closes it. Close-on-exec: no child (compiler, runner)
+    // inherits the protocol channel.
     unsafe {
-        let fd = libc::dup(1);
+        let fd = libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3);
         if fd < 0 {
             return std::fs::File::from_raw_fd(1);
         }

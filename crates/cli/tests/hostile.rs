@@ -1,0 +1,187 @@
+//! The adversarial suite on the CPU back-end: every kernel of `fixtures/hostile` tries to fool
+//! or escape its judge, and must end the way `fixtures/hostile/expect.toml` says, both through
+//! `ksearch bench` and through a full `ksearch run`; after the run no process of it is left,
+//! the compile cache is intact, and a secret planted in the environment appears nowhere.
+//! The same table drives the CUDA suite on the GPU machine (`scripts/gpu-tests.sh`).
+
+use assert_cmd::Command;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const CANARY: &str = "sk-canary-7f3a9c2e51d84b6a";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// kernel → the outcomes it may have ("ok" or failure classes), for `backend`.
+fn expectations(backend: &str) -> BTreeMap<String, Vec<String>> {
+    let text = std::fs::read_to_string(fixtures().join("hostile/expect.toml")).unwrap();
+    let v: toml::Table = toml::from_str(&text).unwrap();
+    v[backend]
+        .as_table()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| {
+            let allowed = v
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap().to_string())
+                .collect();
+            (k.clone(), allowed)
+        })
+        .collect()
+}
+
+fn ks(dir: &Path) -> Command {
+    let mut c = Command::cargo_bin("ksearch").unwrap();
+    c.current_dir(dir)
+        .env("OPENAI_API_KEY", CANARY)
+        .env("MY_SERVICE_PASS", CANARY)
+        .arg("--tasks-dir")
+        .arg(fixtures())
+        .arg("--store")
+        .arg(dir.join(".ksearch/store.db"));
+    c
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// `ksearch runner` processes that outlived their worker (re-parented to init).
+fn orphan_runners() -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().nth(1))
+            .unwrap_or("");
+        if cmd.contains("ksearch") && cmd.contains(" runner ") && ppid == "1" {
+            out.push(format!("{pid}: {cmd}"));
+        }
+    }
+    out
+}
+
+fn outcome_of_bench(o: &std::process::Output) -> String {
+    let t = text(o);
+    match t.split("kernel FAILED (").nth(1) {
+        Some(rest) => rest.split(')').next().unwrap_or("").to_string(),
+        None if o.status.code() == Some(0) => "ok".into(),
+        None => format!("exit {:?}: {t}", o.status.code()),
+    }
+}
+
+#[test]
+fn hostile_kernels_are_rejected_by_bench() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("ksearch.toml"), "[eval]\nrun_timeout = \"10s\"\nmax_reps = 5\n").unwrap();
+    let mut wrong = Vec::new();
+    for (kernel, allowed) in expectations("cpu") {
+        let file = fixtures().join(format!("hostile/cpu/{kernel}.cpp"));
+        let o = ks(d.path()).args(["bench", "hostile"]).arg(&file).output().unwrap();
+        let got = outcome_of_bench(&o);
+        if !allowed.contains(&got) {
+            wrong.push(format!("{kernel}: {got} (expected one of {allowed:?})\n{}", text(&o)));
+        }
+        assert!(
+            !text(&o).contains(CANARY),
+            "{kernel}: the secret reached the terminal:\n{}",
+            text(&o)
+        );
+        // A kernel that fails is a failed bench: exit 1, never a crash of ksearch.
+        let code = o.status.code();
+        assert!(
+            (got == "ok" && code == Some(0)) || (got != "ok" && code == Some(1)),
+            "{kernel}: exit {code:?}"
+        );
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert!(orphan_runners().is_empty(), "left behind: {:?}", orphan_runners());
+}
+
+#[test]
+fn hostile_kernels_are_rejected_by_a_run_and_leave_nothing_behind() {
+    let d = tempfile::tempdir().unwrap();
+    let expect = expectations("cpu");
+    let o = ks(d.path())
+        .args([
+            "run",
+            "hostile",
+            "--rounds",
+            "20",
+            "--patience",
+            "100",
+            "--run-timeout",
+            "10s",
+            "--max-reps",
+            "5",
+        ])
+        .output()
+        .unwrap();
+    let out = text(&o);
+    // Nothing killed the search: it ends as a search ends (1 when nothing beat the seed).
+    assert!(
+        matches!(o.status.code(), Some(0) | Some(1)),
+        "exit {:?}\n{out}",
+        o.status.code()
+    );
+    assert!(out.contains("isolation: "), "{out}");
+    let tree = text(&ks(d.path()).args(["tree", "1"]).output().unwrap());
+    for (kernel, allowed) in &expect {
+        if kernel == "good" {
+            continue; // the seed
+        }
+        let line = tree
+            .lines()
+            .find(|l| l.contains(&format!("adopt {kernel} ")))
+            .unwrap_or_else(|| panic!("no node for {kernel}:\n{tree}"));
+        let ok = allowed.iter().any(|c| {
+            if c == "ok" {
+                !line.contains("FAILED")
+            } else {
+                line.contains(&format!("FAILED {c} "))
+            }
+        });
+        assert!(ok, "{kernel}: {line} (expected one of {allowed:?})");
+    }
+    // The secret is nowhere: not on the terminal, not in any byte of the store.
+    assert!(!out.contains(CANARY), "the secret reached the terminal");
+    for f in std::fs::read_dir(d.path().join(".ksearch")).unwrap().flatten() {
+        if f.path().is_file() {
+            let bytes = std::fs::read(f.path()).unwrap();
+            assert!(
+                !bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes()),
+                "the secret is in {}",
+                f.path().display()
+            );
+        }
+    }
+    // The compile cache holds only verified artefacts: each matches the hash recorded with it.
+    let cache = d.path().join(".ksearch/cache/cpu");
+    let mut checked = 0;
+    for f in std::fs::read_dir(&cache).unwrap().flatten() {
+        let p = f.path();
+        if p.extension().is_some_and(|e| e == "so") {
+            use sha2::{Digest, Sha256};
+            let sum = std::fs::read_to_string(p.with_extension("so.sha256")).unwrap();
+            let hash: String = Sha256::digest(std::fs::read(&p).unwrap())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(hash, sum.trim(), "{} was changed after it was stored", p.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 10, "{checked} cache entries");
+    assert!(orphan_runners().is_empty(), "left behind: {:?}", orphan_runners());
+}
