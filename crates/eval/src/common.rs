@@ -131,3 +131,215 @@ pub fn check_outputs_with(
     });
     (all, failure)
 }
+
+// Inputs
+
+/// The same tensors as [`make_inputs`] for each of `ws` (byte for byte: the same seeded draws),
+/// drawn on several threads: large tensors are cut into parts, each part's generator skipped
+/// ahead to its first element. Large workloads (attention 4x32x2048x128: 100 M values) otherwise
+/// spend seconds here per evaluation.
+pub fn make_inputs_parallel(task: &Task, backend: &str, ws: &[WorkloadReq]) -> Result<Vec<Vec<HostTensor>>, String> {
+    make_inputs_parts(task, backend, ws, 1 << 20, |n| n)
+}
+
+/// Fills `out` with the values `ksearch_core::data::draw` returns at positions
+/// `start..start + out.len()` of the stream seeded by `seed`.
+fn draw_part(init: &ksearch_core::task::Init, dtype: ksearch_core::task::DType, seed: u64, start: usize, out: &mut [f64]) {
+    use ksearch_core::data::{Rng, round_to};
+    use ksearch_core::task::Init;
+    let mut rng = Rng::new(seed);
+    // Generator steps per value, as `draw` consumes them (Box-Muller: two uniforms per normal).
+    let per = match init {
+        Init::Normal { .. } => 2,
+        Init::Uniform { .. } => 1,
+    };
+    for _ in 0..start * per {
+        rng.next_u64();
+    }
+    for x in out.iter_mut() {
+        let v = match *init {
+            Init::Normal { mean, std } => mean + std * rng.normal(),
+            Init::Uniform { lo, hi } => lo + (hi - lo) * rng.uniform(),
+        };
+        *x = round_to(v, dtype);
+    }
+}
+
+/// [`make_inputs_parallel`] with parts of at least `min_part` elements (tests force small parts)
+/// and `len(n)` values drawn for a tensor of `n` elements (longer for the judge's pools; the
+/// first `n` are the same either way).
+pub fn make_inputs_parts(
+    task: &Task,
+    backend: &str,
+    ws: &[WorkloadReq],
+    min_part: usize,
+    len: impl Fn(usize) -> usize,
+) -> Result<Vec<Vec<HostTensor>>, String> {
+    use ksearch_core::data;
+    use ksearch_core::task::shape_of;
+    struct Job {
+        wi: usize,
+        ti: usize,
+        seed: u64,
+        shape: Vec<usize>,
+        n: usize,
+    }
+    let mut jobs: Vec<Job> = Vec::new();
+    for (wi, w) in ws.iter().enumerate() {
+        for (ti, t) in task.inputs.iter().enumerate() {
+            let shape = shape_of(t, &w.axes)?;
+            let n = len(shape.iter().product());
+            jobs.push(Job {
+                wi,
+                ti,
+                seed: data::sub_seed(w.seed, ti),
+                shape,
+                n,
+            });
+        }
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 32);
+    let total: usize = jobs.iter().map(|j| j.n).sum();
+    let target = (total / threads).max(min_part.max(1));
+    // Each tensor's buffers, filled in place by parts of `step` elements.
+    let mut bufs: Vec<(Vec<f64>, Vec<u8>, ksearch_core::task::DType)> = jobs
+        .iter()
+        .map(|j| {
+            let dtype = task.dtype_on(backend, &task.inputs[j.ti]);
+            (vec![0.0f64; j.n], vec![0u8; j.n * dtype.size()], dtype)
+        })
+        .collect();
+    {
+        type Part<'a> = (usize, usize, &'a mut [f64], &'a mut [u8]);
+        let mut work: Vec<Part> = Vec::new();
+        for (k, (j, (v, b, dtype))) in jobs.iter().zip(bufs.iter_mut()).enumerate() {
+            let step = j.n.div_ceil(j.n.div_ceil(target).max(1)).max(1);
+            for (i, (vs, bs)) in v.chunks_mut(step).zip(b.chunks_mut(step * dtype.size())).enumerate() {
+                work.push((k, i * step, vs, bs));
+            }
+        }
+        // Largest parts first.
+        work.sort_by_key(|w| w.2.len());
+        let fill = |(k, start, vs, bs): Part| {
+            let j = &jobs[k];
+            let t = &task.inputs[j.ti];
+            let dtype = task.dtype_on(backend, t);
+            draw_part(&t.init, dtype, j.seed, start, vs);
+            // Encoded in cache-sized pieces, straight into the tensor's bytes.
+            const PIECE: usize = 1 << 14;
+            for (v, b) in vs.chunks(PIECE).zip(bs.chunks_mut(PIECE * dtype.size())) {
+                b.copy_from_slice(&data::encode(v, dtype));
+            }
+        };
+        if threads == 1 || work.len() <= 1 {
+            work.into_iter().for_each(fill);
+        } else {
+            let n_threads = threads.min(work.len());
+            let queue = std::sync::Mutex::new(work);
+            std::thread::scope(|s| {
+                for _ in 0..n_threads {
+                    s.spawn(|| {
+                        loop {
+                            let item = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                            match item {
+                                Some(w) => fill(w),
+                                None => break,
+                            }
+                        }
+                    });
+                }
+            });
+        }
+    }
+    let mut out: Vec<Vec<HostTensor>> = ws.iter().map(|_| Vec::new()).collect();
+    for (j, (values, bytes, dtype)) in jobs.iter().zip(bufs) {
+        out[j.wi].push(HostTensor {
+            name: task.inputs[j.ti].name.clone(),
+            dtype,
+            shape: j.shape.clone(),
+            values,
+            bytes,
+        });
+    }
+    Ok(out)
+}
+
+/// [`check_outputs`] on several threads: every element of every output is compared in parts;
+/// when all pass, the merged [`ksearch_core::data::Check`] is the one `check_outputs` returns
+/// (counts and maxima do not depend on the order). Anything else (a failure, an output with no
+/// tolerance of its own) goes through `check_outputs` itself, for its exact report.
+pub fn check_outputs_parallel(
+    task: &Task,
+    backend: &str,
+    outputs: &[Vec<u8>],
+    refs: &[Vec<f64>],
+    poisons: &[Vec<u8>],
+) -> (ksearch_core::data::Check, Option<Failure>) {
+    let serial = || {
+        check_outputs_with(task, backend, outputs, refs, |i, out, r, tol| {
+            let dt = task.dtype_on(backend, &task.outputs[i]);
+            match poisons.get(i) {
+                Some(p) => data::check_with_poison(out, dt, r, tol, p),
+                None => data::check(out, dt, r, tol),
+            }
+        })
+    };
+    use ksearch_core::data::Check;
+    const PART: usize = 1 << 20;
+    let total: usize = refs.iter().map(|r| r.len()).sum();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 32);
+    let own_tol = task
+        .outputs
+        .iter()
+        .all(|t| task.tolerance.contains_key(&task.dtype_on(backend, t)));
+    if threads == 1 || total < 2 * PART || !own_tol || outputs.len() != refs.len() || task.outputs.len() != refs.len() {
+        return serial();
+    }
+    type Part<'a> = (
+        &'a [u8],
+        &'a [f64],
+        ksearch_core::task::DType,
+        ksearch_core::task::Tolerance,
+        Option<&'a [u8]>,
+    );
+    let mut work: Vec<Part> = Vec::new();
+    for (i, ((spec, out), r)) in task.outputs.iter().zip(outputs).zip(refs).enumerate() {
+        let dt = task.dtype_on(backend, spec);
+        let tol = task.tolerance[&dt];
+        if out.len() != r.len() * dt.size() {
+            return serial();
+        }
+        for (o, rr) in out.chunks(PART * dt.size()).zip(r.chunks(PART)) {
+            work.push((o, rr, dt, tol, poisons.get(i).map(|p| p.as_slice())));
+        }
+    }
+    let queue = std::sync::Mutex::new(work);
+    let merged = std::sync::Mutex::new(Check::default());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                let mut mine = Check::default();
+                loop {
+                    let item = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let Some((o, r, dt, tol, p)) = item else { break };
+                    mine.merge(&match p {
+                        Some(p) => data::check_with_poison(o, dt, r, tol, p),
+                        None => data::check(o, dt, r, tol),
+                    });
+                }
+                merged.lock().unwrap_or_else(|e| e.into_inner()).merge(&mine);
+            });
+        }
+    });
+    let c = merged.into_inner().unwrap_or_else(|e| e.into_inner());
+    if !c.passed() {
+        return serial();
+    }
+    (c, None)
+}

@@ -21,15 +21,13 @@ use cudarc::driver::sys;
 use cudarc::nvrtc::result as nv;
 use cudarc::nvrtc::sys as nvsys;
 
-use ksearch_core::data::fill_poison;
 use ksearch_core::expr::eval_i64;
-use ksearch_core::protocol::{
-    CompileInfo, EvalReply, EvalRequest, Failure, FailureClass, Lang, Resources, Timing, WorkloadReq, WorkloadResult,
-};
+use ksearch_core::protocol::{CompileInfo, EvalReply, EvalRequest, Failure, FailureClass, Lang, Resources, WorkloadReq};
 use ksearch_core::task::{KernelSpec, Task, Workload};
 
 use crate::Backend;
-use crate::common::{HostTensor, check_outputs, host_reference, make_inputs, output_specs};
+use crate::common::{HostTensor, host_reference, output_specs};
+use crate::judge::{Device, Peaks, Stop as JStop, judge_request};
 
 /// The trusted device references (compiled once per worker).
 pub const REFERENCE_SOURCE: &str = include_str!("cuda/reference.cu");
@@ -547,195 +545,6 @@ fn first_lines(s: &str, n: usize) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Inputs
-
-/// The same tensors as [`make_inputs`] for each of `ws` (byte for byte: the same seeded draws),
-/// drawn on several threads: large tensors are cut into parts, each part's generator skipped
-/// ahead to its first element. Large workloads (attention 4x32x2048x128: 100 M values) otherwise
-/// spend seconds here per evaluation.
-pub fn make_inputs_parallel(task: &Task, backend: &str, ws: &[WorkloadReq]) -> Result<Vec<Vec<HostTensor>>, String> {
-    make_inputs_parts(task, backend, ws, 1 << 20)
-}
-
-/// Fills `out` with the values `ksearch_core::data::draw` returns at positions
-/// `start..start + out.len()` of the stream seeded by `seed`.
-fn draw_part(init: &ksearch_core::task::Init, dtype: ksearch_core::task::DType, seed: u64, start: usize, out: &mut [f64]) {
-    use ksearch_core::data::{Rng, round_to};
-    use ksearch_core::task::Init;
-    let mut rng = Rng::new(seed);
-    // Generator steps per value, as `draw` consumes them (Box-Muller: two uniforms per normal).
-    let per = match init {
-        Init::Normal { .. } => 2,
-        Init::Uniform { .. } => 1,
-    };
-    for _ in 0..start * per {
-        rng.next_u64();
-    }
-    for x in out.iter_mut() {
-        let v = match *init {
-            Init::Normal { mean, std } => mean + std * rng.normal(),
-            Init::Uniform { lo, hi } => lo + (hi - lo) * rng.uniform(),
-        };
-        *x = round_to(v, dtype);
-    }
-}
-
-/// [`make_inputs_parallel`] with parts of at least `min_part` elements (tests force small parts).
-pub fn make_inputs_parts(
-    task: &Task,
-    backend: &str,
-    ws: &[WorkloadReq],
-    min_part: usize,
-) -> Result<Vec<Vec<HostTensor>>, String> {
-    use ksearch_core::data;
-    use ksearch_core::task::shape_of;
-    struct Job {
-        wi: usize,
-        ti: usize,
-        seed: u64,
-        shape: Vec<usize>,
-        n: usize,
-    }
-    let mut jobs: Vec<Job> = Vec::new();
-    for (wi, w) in ws.iter().enumerate() {
-        for (ti, t) in task.inputs.iter().enumerate() {
-            let shape = shape_of(t, &w.axes)?;
-            let n = shape.iter().product();
-            jobs.push(Job {
-                wi,
-                ti,
-                seed: data::sub_seed(w.seed, ti),
-                shape,
-                n,
-            });
-        }
-    }
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 32);
-    let total: usize = jobs.iter().map(|j| j.n).sum();
-    let target = (total / threads).max(min_part.max(1));
-    // Each tensor's buffers, filled in place by parts of `step` elements.
-    let mut bufs: Vec<(Vec<f64>, Vec<u8>, ksearch_core::task::DType)> = jobs
-        .iter()
-        .map(|j| {
-            let dtype = task.dtype_on(backend, &task.inputs[j.ti]);
-            (vec![0.0f64; j.n], vec![0u8; j.n * dtype.size()], dtype)
-        })
-        .collect();
-    {
-        type Part<'a> = (usize, usize, &'a mut [f64], &'a mut [u8]);
-        let mut work: Vec<Part> = Vec::new();
-        for (k, (j, (v, b, dtype))) in jobs.iter().zip(bufs.iter_mut()).enumerate() {
-            let step = j.n.div_ceil(j.n.div_ceil(target).max(1)).max(1);
-            for (i, (vs, bs)) in v.chunks_mut(step).zip(b.chunks_mut(step * dtype.size())).enumerate() {
-                work.push((k, i * step, vs, bs));
-            }
-        }
-        // Largest parts first.
-        work.sort_by_key(|w| w.2.len());
-        let fill = |(k, start, vs, bs): Part| {
-            let j = &jobs[k];
-            let t = &task.inputs[j.ti];
-            let dtype = task.dtype_on(backend, t);
-            draw_part(&t.init, dtype, j.seed, start, vs);
-            // Encoded in cache-sized pieces, straight into the tensor's bytes.
-            const PIECE: usize = 1 << 14;
-            for (v, b) in vs.chunks(PIECE).zip(bs.chunks_mut(PIECE * dtype.size())) {
-                b.copy_from_slice(&data::encode(v, dtype));
-            }
-        };
-        if threads == 1 || work.len() <= 1 {
-            work.into_iter().for_each(fill);
-        } else {
-            let n_threads = threads.min(work.len());
-            let queue = std::sync::Mutex::new(work);
-            std::thread::scope(|s| {
-                for _ in 0..n_threads {
-                    s.spawn(|| {
-                        loop {
-                            let item = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-                            match item {
-                                Some(w) => fill(w),
-                                None => break,
-                            }
-                        }
-                    });
-                }
-            });
-        }
-    }
-    let mut out: Vec<Vec<HostTensor>> = ws.iter().map(|_| Vec::new()).collect();
-    for (j, (values, bytes, dtype)) in jobs.iter().zip(bufs) {
-        out[j.wi].push(HostTensor {
-            name: task.inputs[j.ti].name.clone(),
-            dtype,
-            shape: j.shape.clone(),
-            values,
-            bytes,
-        });
-    }
-    Ok(out)
-}
-
-/// [`check_outputs`] on several threads: every element of every output is compared in parts;
-/// when all pass, the merged [`ksearch_core::data::Check`] is the one `check_outputs` returns
-/// (counts and maxima do not depend on the order). Anything else (a failure, an output with no
-/// tolerance of its own) goes through `check_outputs` itself, for its exact report.
-pub fn check_outputs_parallel(
-    task: &Task,
-    backend: &str,
-    outputs: &[Vec<u8>],
-    refs: &[Vec<f64>],
-) -> (ksearch_core::data::Check, Option<Failure>) {
-    use ksearch_core::data::{self, Check};
-    const PART: usize = 1 << 20;
-    let total: usize = refs.iter().map(|r| r.len()).sum();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 32);
-    let own_tol = task
-        .outputs
-        .iter()
-        .all(|t| task.tolerance.contains_key(&task.dtype_on(backend, t)));
-    if threads == 1 || total < 2 * PART || !own_tol || outputs.len() != refs.len() || task.outputs.len() != refs.len() {
-        return check_outputs(task, backend, outputs, refs);
-    }
-    let mut work: Vec<(&[u8], &[f64], ksearch_core::task::DType, ksearch_core::task::Tolerance)> = Vec::new();
-    for ((spec, out), r) in task.outputs.iter().zip(outputs).zip(refs) {
-        let dt = task.dtype_on(backend, spec);
-        let tol = task.tolerance[&dt];
-        if out.len() != r.len() * dt.size() {
-            return check_outputs(task, backend, outputs, refs);
-        }
-        for (o, rr) in out.chunks(PART * dt.size()).zip(r.chunks(PART)) {
-            work.push((o, rr, dt, tol));
-        }
-    }
-    let queue = std::sync::Mutex::new(work);
-    let merged = std::sync::Mutex::new(Check::default());
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                let mut mine = Check::default();
-                loop {
-                    let item = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-                    let Some((o, r, dt, tol)) = item else { break };
-                    mine.merge(&data::check(o, dt, r, tol));
-                }
-                merged.lock().unwrap_or_else(|e| e.into_inner()).merge(&mine);
-            });
-        }
-    });
-    let c = merged.into_inner().unwrap_or_else(|e| e.into_inner());
-    if !c.passed() {
-        return check_outputs(task, backend, outputs, refs);
-    }
-    (c, None)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Device memory
 
@@ -1388,251 +1197,222 @@ impl CudaBackend {
             reply.resources.stack_bytes = func_attr(*f, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES).map(|v| v as u64);
         }
         progress("compiled");
-        let n = req.workloads.len();
-        // Every workload's inputs at once, on several threads (a failure surfaces per workload).
-        let t_draw = Instant::now();
-        let mut drawn: Vec<Option<Vec<HostTensor>>> = match make_inputs_parallel(&req.task, &req.backend, &req.workloads) {
-            Ok(v) => v.into_iter().map(Some).collect(),
-            Err(_) => req.workloads.iter().map(|_| None).collect(),
+        let mut dev = CudaDevice {
+            be: self,
+            req,
+            fns: &fns,
+            plan: Vec::new(),
+            pools: Vec::new(),
+            ibufs: Vec::new(),
+            obufs: Vec::new(),
+            out_sizes: Vec::new(),
+            sbufs: Vec::new(),
+            args: Vec::new(),
         };
-        reply.overhead_s += t_draw.elapsed().as_secs_f64();
-        for (wi, w) in req.workloads.iter().enumerate() {
-            let mut res = WorkloadResult {
-                label: w.label.clone(),
-                axes: w.axes.clone(),
-                seed: w.seed,
-                ..WorkloadResult::default()
-            };
-            let inputs = drawn.get_mut(wi).and_then(Option::take);
-            match self.run_workload(req, &fns, w, inputs, &mut res, &mut reply) {
-                Ok(()) => {}
-                Err(Stop::Fail(f)) => res.failure = Some(f),
-                Err(Stop::Fault(msg)) => die(&format!("workload {}/{n} ({}): {msg}", wi + 1, w.label)),
-            }
-            reply.workloads.push(res);
-            progress(&format!("workload {}/{n}", wi + 1));
-        }
+        judge_request(&mut dev, req, progress, &mut reply);
         reply
     }
+}
 
-    fn run_workload(
-        &mut self,
-        req: &EvalRequest,
-        fns: &[sys::CUfunction],
-        w: &WorkloadReq,
-        drawn: Option<Vec<HostTensor>>,
-        res: &mut WorkloadResult,
-        reply: &mut EvalReply,
-    ) -> Result<(), Stop> {
-        let t_other = Instant::now();
-        let task = &req.task;
-        let inputs = match drawn {
-            Some(v) => v,
-            None => make_inputs(task, &req.backend, w).map_err(|e| fail(FailureClass::Infra, e))?,
-        };
-        let outs = output_specs(task, &req.backend, w).map_err(|e| fail(FailureClass::Infra, e))?;
-        res.bytes = task.min_bytes(&req.backend, &w.axes).unwrap_or(0.0);
-        res.flops = task.flops(&w.axes);
-        let floor_s = (FLOOR_SLACK * res.bytes / self.copy_bps.max(1e9))
-            .max(res.flops / PEAK_FLOPS)
-            .max(task.transcendentals(&w.axes) / PEAK_TRANSCENDENTALS);
-        res.floor_us = Some(floor_s * 1e6);
-        let plan = self.plan(req, fns, &w.axes)?;
-        // The reference first, so that the candidate never runs beside its buffers.
-        let refs = self.reference(task, w, &inputs)?;
+/// One candidate on one workload's device buffers, for the judge. Host code here is trusted;
+/// only the candidate's device code is not: its outputs carry guard zones, the reference is
+/// computed only after its runs, and a device fault ends the worker (its context is lost).
+struct CudaDevice<'a> {
+    be: &'a mut CudaBackend,
+    req: &'a EvalRequest,
+    fns: &'a [sys::CUfunction],
+    plan: Vec<Planned>,
+    /// Input pools on the device: each run copies an input from a fresh offset of its pool.
+    pools: Vec<DevBuf>,
+    ibufs: Vec<DevBuf>,
+    /// Outputs with `GUARD` bytes on each side.
+    obufs: Vec<DevBuf>,
+    out_sizes: Vec<usize>,
+    sbufs: Vec<DevBuf>,
+    args: Vec<Arg>,
+}
 
-        let mut ibufs = Vec::new();
-        for t in &inputs {
-            let b = alloc(t.bytes.len(), &format!("input `{}`", t.name))?;
+/// A stop of the CUDA back-end as the judge sees it; a lost context ends the worker here.
+fn judged(s: Stop) -> JStop {
+    match s {
+        Stop::Fail(f) => JStop {
+            failure: f,
+            fatal: false,
+        },
+        Stop::Fault(msg) => die(&msg),
+    }
+}
+
+impl CudaDevice<'_> {
+    fn sync(&self, what: &str) -> Result<(), JStop> {
+        self.be.sync().map_err(|e| judged(after_run(e, what)))
+    }
+}
+
+impl Device for CudaDevice<'_> {
+    fn bind(&mut self, index: usize, _dims: &[i64], pools: &[&[u8]], inputs: &[usize], outputs: &[usize]) -> Result<(), JStop> {
+        let w = &self.req.workloads[index];
+        self.plan = self.be.plan(self.req, self.fns, &w.axes).map_err(judged)?;
+        // Free the previous workload's buffers before allocating this one's.
+        self.pools.clear();
+        self.ibufs.clear();
+        self.obufs.clear();
+        self.sbufs.clear();
+        let stream = self.be.stream;
+        for (i, (p, n)) in pools.iter().zip(inputs).enumerate() {
+            let name = self.req.task.inputs.get(i).map(|t| t.name.as_str()).unwrap_or("?");
+            let b = alloc(p.len(), &format!("the pool of input `{name}`")).map_err(judged)?;
             // SAFETY: the buffer holds exactly these bytes.
-            unsafe { cu::memcpy_htod_async(b.ptr, &t.bytes, self.stream) }.map_err(|e| after_run(e, "input upload"))?;
-            ibufs.push(b);
+            unsafe { cu::memcpy_htod_async(b.ptr, p, stream) }.map_err(|e| judged(after_run(e, "input upload")))?;
+            self.pools.push(b);
+            self.ibufs.push(alloc(*n, &format!("input `{name}`")).map_err(judged)?);
         }
-        let mut images = Vec::new();
-        let mut obufs = Vec::new();
-        for (name, n, dt) in &outs {
-            let bytes = n * dt.size();
-            let mut img = vec![GUARD_BYTE; bytes + 2 * GUARD];
-            fill_poison(&mut img[GUARD..GUARD + bytes], *dt);
-            obufs.push(alloc(img.len(), &format!("output `{name}`"))?);
-            images.push(img);
+        for (i, n) in outputs.iter().enumerate() {
+            let name = self.req.task.outputs.get(i).map(|t| t.name.as_str()).unwrap_or("?");
+            let b = alloc(n + 2 * GUARD, &format!("output `{name}`")).map_err(judged)?;
+            // SAFETY: within the buffer.
+            unsafe { cu::memset_d8_async(b.ptr, GUARD_BYTE, n + 2 * GUARD, stream) }
+                .map_err(|e| judged(after_run(e, "guard fill")))?;
+            self.obufs.push(b);
         }
-        let mut sbufs = Vec::new();
+        self.out_sizes = outputs.to_vec();
         let mut env = w.axes.clone();
-        env.extend(req.candidate.defines.iter().map(|(k, v)| (k.clone(), *v)));
-        for s in &req.candidate.scratch {
-            let bytes = eval_i64(&s.bytes, &env)
-                .map_err(|e| fail(FailureClass::Launch, format!("scratch `{}` bytes `{}`: {e}", s.name, s.bytes)))?;
+        env.extend(self.req.candidate.defines.iter().map(|(k, v)| (k.clone(), *v)));
+        for s in &self.req.candidate.scratch {
+            let bytes = eval_i64(&s.bytes, &env).map_err(|e| {
+                judged(fail(
+                    FailureClass::Launch,
+                    format!("scratch `{}` bytes `{}`: {e}", s.name, s.bytes),
+                ))
+            })?;
             if bytes < 0 {
-                return Err(fail(
+                return Err(judged(fail(
                     FailureClass::Launch,
                     format!("scratch `{}`: negative size {bytes}", s.name),
-                ));
+                )));
             }
-            let b = alloc(bytes as usize, &format!("scratch `{}`", s.name))?;
+            let b = alloc(bytes as usize, &format!("scratch `{}`", s.name)).map_err(judged)?;
             // SAFETY: within the buffer.
-            unsafe { cu::memset_d8_async(b.ptr, SCRATCH_BYTE, b.bytes.max(1), self.stream) }
-                .map_err(|e| after_run(e, "scratch fill"))?;
-            sbufs.push(b);
+            unsafe { cu::memset_d8_async(b.ptr, SCRATCH_BYTE, b.bytes.max(1), stream) }
+                .map_err(|e| judged(after_run(e, "scratch fill")))?;
+            self.sbufs.push(b);
         }
-        let mut args: Vec<Arg> = ibufs.iter().map(|b| Arg::Ptr(b.ptr)).collect();
-        args.extend(obufs.iter().map(|b| Arg::Ptr(b.ptr + GUARD as u64)));
-        args.extend(sbufs.iter().map(|b| Arg::Ptr(b.ptr)));
-        args.extend(task.axes.iter().map(|a| Arg::I64(w.axes.get(a).copied().unwrap_or(0))));
-        reply.overhead_s += t_other.elapsed().as_secs_f64();
+        let mut args: Vec<Arg> = self.ibufs.iter().map(|b| Arg::Ptr(b.ptr)).collect();
+        args.extend(self.obufs.iter().map(|b| Arg::Ptr(b.ptr + GUARD as u64)));
+        args.extend(self.sbufs.iter().map(|b| Arg::Ptr(b.ptr)));
+        args.extend(
+            self.req
+                .task
+                .axes
+                .iter()
+                .map(|a| Arg::I64(w.axes.get(a).copied().unwrap_or(0))),
+        );
+        self.args = args;
+        Ok(())
+    }
 
-        // First run and check.
-        self.poison(&obufs, &images)?;
-        let t = Instant::now();
-        self.run(&plan, &args)?;
-        self.sync().map_err(|e| after_run(e, "first run"))?;
-        reply.kernel_s += t.elapsed().as_secs_f64();
-        let t_other = Instant::now();
-        let r = self.check(task, &req.backend, &obufs, &images, &refs, res);
-        reply.overhead_s += t_other.elapsed().as_secs_f64();
-        r?;
-        if res.failure.is_none() && !req.check_only {
-            let timing = self.time(req, &plan, &args)?;
-            reply.kernel_s += timing.median_us * timing.reps as f64 / 1e6;
-            let t_other = Instant::now();
-            // The timed runs must still compute the right thing (no state carried over).
-            self.poison(&obufs, &images)?;
-            self.run(&plan, &args)?;
-            self.sync().map_err(|e| after_run(e, "run after timing"))?;
-            self.check(task, &req.backend, &obufs, &images, &refs, res)?;
-            if let Some(f) = res.failure.as_mut() {
-                f.message = format!("after timing: {}", f.message);
-            }
-            if res.failure.is_none() && timing.median_us < floor_s * 1e6 {
-                res.failure = Some(Failure {
-                    class: FailureClass::BelowFloor,
-                    message: format!(
-                        "median {:.2} us is below the physical floor {:.2} us ({:.3e} bytes at {:.2} TB/s, {:.3e} flops)",
-                        timing.median_us,
-                        floor_s * 1e6,
-                        res.bytes,
-                        self.copy_bps / 1e12,
-                        res.flops
-                    ),
-                });
-            }
-            res.timing = Some(timing);
-            reply.overhead_s += t_other.elapsed().as_secs_f64();
+    fn stage(&mut self, offsets: &[usize]) -> Result<(), JStop> {
+        for ((pool, buf), off) in self.pools.iter().zip(&self.ibufs).zip(offsets) {
+            // SAFETY: both ranges lie inside their allocations (the pool is longer by the offset).
+            unsafe { cu::memcpy_dtod_async(buf.ptr, pool.ptr + *off as u64, buf.bytes, self.be.stream) }
+                .map_err(|e| judged(after_run(e, "staging inputs")))?;
         }
-        if res.failure.is_none() {
-            // Inputs are read-only.
-            for (t, b) in inputs.iter().zip(&ibufs) {
-                let mut back = vec![0u8; t.bytes.len()];
-                // SAFETY: the buffer holds this many bytes.
-                unsafe { cu::memcpy_dtoh_async(&mut back, b.ptr, self.stream) }.map_err(|e| after_run(e, "input read-back"))?;
-                self.sync().map_err(|e| after_run(e, "input read-back"))?;
-                if back != t.bytes {
-                    res.failure = Some(Failure {
-                        class: FailureClass::OutOfBounds,
-                        message: format!("the kernel wrote into input `{}` (inputs are read-only)", t.name),
-                    });
-                    break;
+        Ok(())
+    }
+
+    fn poison(&mut self, patterns: &[Vec<u8>]) -> Result<(), JStop> {
+        let stream = self.be.stream;
+        for ((b, n), p) in self.obufs.iter().zip(&self.out_sizes).zip(patterns) {
+            let at = b.ptr + GUARD as u64;
+            // SAFETY: the payload lies inside the buffer, 4096-aligned.
+            let r = unsafe {
+                match p.len() {
+                    4 => sys::cuMemsetD32Async(at, u32::from_le_bytes([p[0], p[1], p[2], p[3]]), n / 4, stream),
+                    2 => sys::cuMemsetD16Async(at, u16::from_le_bytes([p[0], p[1]]), n / 2, stream),
+                    1 => sys::cuMemsetD8Async(at, p[0], *n, stream),
+                    _ => {
+                        let img = p.repeat(n / p.len().max(1));
+                        match cu::memcpy_htod_async(at, &img, stream) {
+                            Ok(()) => sys::cuStreamSynchronize(stream),
+                            Err(e) => e.0,
+                        }
+                    }
                 }
+            };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return Err(judged(after_run(cu::DriverError(r), "poisoning outputs")));
             }
         }
         Ok(())
     }
 
-    fn poison(&self, obufs: &[DevBuf], images: &[Vec<u8>]) -> Result<(), Stop> {
-        for (b, img) in obufs.iter().zip(images) {
-            // SAFETY: the buffer is as large as its image.
-            unsafe { cu::memcpy_htod_async(b.ptr, img, self.stream) }.map_err(|e| after_run(e, "poisoning outputs"))?;
-        }
-        Ok(())
+    fn flush(&mut self) {
+        // SAFETY: the flush buffer and stream are ours; a failure shows at the next sync.
+        let _ = unsafe { cu::memset_d8_async(self.be.flush.ptr, 0x5A, self.be.flush.bytes, self.be.stream) };
     }
 
-    /// Read the outputs back, check the guard zones and every element.
-    fn check(
-        &self,
-        task: &Task,
-        backend: &str,
-        obufs: &[DevBuf],
-        images: &[Vec<u8>],
-        refs: &[Vec<f64>],
-        res: &mut WorkloadResult,
-    ) -> Result<(), Stop> {
-        let mut payloads = Vec::new();
-        for (i, (b, img)) in obufs.iter().zip(images).enumerate() {
-            let mut back = vec![0u8; img.len()];
-            // SAFETY: the buffer is as large as its image.
-            unsafe { cu::memcpy_dtoh_async(&mut back, b.ptr, self.stream) }.map_err(|e| after_run(e, "reading outputs"))?;
-            self.sync().map_err(|e| after_run(e, "reading outputs"))?;
-            let n = img.len() - 2 * GUARD;
+    fn run(&mut self) -> Result<f64, JStop> {
+        let (a, b) = (self.be.events[0], self.be.events[1]);
+        // SAFETY: events and stream are ours.
+        unsafe { cu::event::record(a, self.be.stream) }.map_err(|e| judged(after_run(e, "event record")))?;
+        self.be.run(&self.plan, &self.args).map_err(judged)?;
+        // SAFETY: as above.
+        unsafe { cu::event::record(b, self.be.stream) }.map_err(|e| judged(after_run(e, "event record")))?;
+        self.sync("running the kernel")?;
+        let ms = self.be.elapsed_ms(a, b).map_err(|e| judged(after_run(e, "event time")))?;
+        Ok(ms / 1e3)
+    }
+
+    fn read_back(&mut self) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>), JStop> {
+        // After a synchronisation nothing of the candidate runs any more.
+        self.sync("reading back")?;
+        let stream = self.be.stream;
+        let mut outs = Vec::new();
+        for (i, (b, n)) in self.obufs.iter().zip(&self.out_sizes).enumerate() {
+            let mut back = vec![0u8; n + 2 * GUARD];
+            // SAFETY: the buffer is this large.
+            unsafe { cu::memcpy_dtoh_async(&mut back, b.ptr, stream) }.map_err(|e| judged(after_run(e, "reading outputs")))?;
+            self.sync("reading outputs")?;
             let before = back[..GUARD].iter().any(|x| *x != GUARD_BYTE);
             let after = back[GUARD + n..].iter().any(|x| *x != GUARD_BYTE);
             if before || after {
-                res.failure = Some(Failure {
-                    class: FailureClass::OutOfBounds,
-                    message: format!(
+                return Err(JStop::fail(
+                    FailureClass::OutOfBounds,
+                    format!(
                         "output {i} (`{}`): bytes written {} its buffer",
-                        task.outputs.get(i).map(|t| t.name.as_str()).unwrap_or("?"),
+                        self.req.task.outputs.get(i).map(|t| t.name.as_str()).unwrap_or("?"),
                         if before { "before" } else { "after" }
                     ),
-                });
-                return Ok(());
+                ));
             }
-            payloads.push(back[GUARD..GUARD + n].to_vec());
+            back.truncate(GUARD + n);
+            back.drain(..GUARD);
+            outs.push(back);
         }
-        let (mut c, f) = check_outputs_parallel(task, backend, &payloads, refs);
-        // JSON has no NaN or infinity (serde_json writes null, which does not read back as f64).
-        for v in [&mut c.max_abs_err, &mut c.max_rel_err] {
-            if !v.is_finite() {
-                *v = f64::MAX;
-            }
+        let mut ins = Vec::new();
+        for b in &self.ibufs {
+            let mut back = vec![0u8; b.bytes];
+            // SAFETY: the buffer is this large.
+            unsafe { cu::memcpy_dtoh_async(&mut back, b.ptr, stream) }.map_err(|e| judged(after_run(e, "reading inputs")))?;
+            ins.push(back);
         }
-        res.check = c;
-        res.failure = f;
-        Ok(())
+        self.sync("reading inputs")?;
+        Ok((outs, ins))
     }
 
-    /// Warm-up, then repetitions timed with CUDA events, L2 flushed before each outside the
-    /// timed region, issued in batches without host synchronisation in between.
-    fn time(&self, req: &EvalRequest, plan: &[Planned], args: &[Arg]) -> Result<Timing, Stop> {
-        let tm = &req.timing;
-        for _ in 0..tm.warmup {
-            self.run(plan, args)?;
+    fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, JStop> {
+        self.be.reference(task, w, inputs).map_err(judged)
+    }
+
+    fn peaks(&self) -> Peaks {
+        // The measured device-to-device copy over FLOOR_SLACK (a kernel may beat a plain copy
+        // a little, e.g. by reading more than it writes); tensor-core and special-function
+        // peaks above the H200's.
+        Peaks {
+            bytes: self.be.copy_bps.max(1e9) / FLOOR_SLACK,
+            flops: PEAK_FLOPS,
+            transcendentals: PEAK_TRANSCENDENTALS,
         }
-        self.sync().map_err(|e| after_run(e, "warm-up"))?;
-        let max_reps = tm.max_reps.max(1) as usize;
-        let min_reps = (tm.min_reps as usize).min(max_reps);
-        let mut samples: Vec<f64> = Vec::new();
-        let t_all = Instant::now();
-        let mut batch = 1usize;
-        let mut rep = 0u32;
-        while samples.len() < max_reps {
-            let k = batch.min(max_reps - samples.len()).min(EVENT_PAIRS);
-            for r in 0..k {
-                rep = rep.wrapping_add(1);
-                // SAFETY: flush buffer, events and stream are ours.
-                unsafe {
-                    if tm.flush {
-                        cu::memset_d8_async(self.flush.ptr, (rep & 0xff) as u8, self.flush.bytes, self.stream)
-                            .map_err(|e| after_run(e, "L2 flush"))?;
-                    }
-                    cu::event::record(self.events[2 * r], self.stream).map_err(|e| after_run(e, "event record"))?;
-                }
-                self.run(plan, args)?;
-                // SAFETY: as above.
-                unsafe { cu::event::record(self.events[2 * r + 1], self.stream) }.map_err(|e| after_run(e, "event record"))?;
-            }
-            self.sync().map_err(|e| after_run(e, "timed runs"))?;
-            for r in 0..k {
-                let ms = self
-                    .elapsed_ms(self.events[2 * r], self.events[2 * r + 1])
-                    .map_err(|e| after_run(e, "event time"))?;
-                samples.push(ms * 1e3);
-            }
-            if samples.len() >= min_reps && t_all.elapsed().as_secs_f64() * 1e3 >= tm.target_ms {
-                break;
-            }
-            batch = (batch * 2).min(EVENT_PAIRS);
-        }
-        Ok(Timing::from_samples(samples))
     }
 }
 

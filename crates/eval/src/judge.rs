@@ -68,8 +68,27 @@ pub trait Device {
     fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, Stop> {
         host_reference(task, w, inputs).map_err(|e| Stop::fail(FailureClass::Infra, e))
     }
-    /// Lower bound on the run time for `bytes` moved and `flops` done (seconds).
-    fn floor_s(&self, bytes: f64, flops: f64) -> f64;
+    /// The fastest this device can possibly go, for the floor rule.
+    fn peaks(&self) -> Peaks;
+}
+
+/// Upper bounds a device states for itself (per second). Each back-end derives them from what
+/// it measured, with its own margin for what the measurement cannot see (caches, noise).
+#[derive(Debug, Clone, Copy)]
+pub struct Peaks {
+    pub bytes: f64,
+    pub flops: f64,
+    /// Transcendental functions (exp, log…); infinite where not limiting.
+    pub transcendentals: f64,
+}
+
+/// The one floor rule: no run can move its minimum bytes faster than the device's peak
+/// bandwidth, nor do its flops or transcendentals faster than their peaks. A median below
+/// this is a bug or a cheat (`below_floor`), never a result.
+pub fn floor_s(p: Peaks, bytes: f64, flops: f64, transcendentals: f64) -> f64 {
+    (bytes / p.bytes.max(1.0))
+        .max(flops / p.flops.max(1.0))
+        .max(transcendentals / p.transcendentals.max(1.0))
 }
 
 /// An input's pool: values drawn once for the workload, longer than the input so each run
@@ -90,25 +109,21 @@ fn pool_extra(n: usize) -> usize {
 }
 
 fn make_pools(task: &Task, backend: &str, w: &WorkloadReq) -> Result<Vec<Pool>, String> {
-    task.inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let shape = ksearch_core::task::shape_of(t, &w.axes)?;
-            let len: usize = shape.iter().product();
-            let dtype = task.dtype_on(backend, t);
-            let values = data::draw(&t.init, dtype, len + pool_extra(len), data::sub_seed(w.seed, i));
-            let bytes = data::encode(&values, dtype);
-            Ok(Pool {
-                name: t.name.clone(),
-                dtype,
-                shape,
-                len,
-                values,
-                bytes,
-            })
+    let drawn = crate::common::make_inputs_parts(task, backend, std::slice::from_ref(w), 1 << 20, |n| n + pool_extra(n))?;
+    Ok(drawn
+        .into_iter()
+        .next()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| Pool {
+            len: t.shape.iter().product(),
+            name: t.name,
+            dtype: t.dtype,
+            shape: t.shape,
+            values: t.values,
+            bytes: t.bytes,
         })
-        .collect()
+        .collect())
 }
 
 /// What one checked run saw.
@@ -149,7 +164,7 @@ pub fn judge_workload(
     dev.bind(index, &dims, &pool_bytes, &in_bytes, &out_bytes)?;
     res.bytes = task.min_bytes(backend, &w.axes).unwrap_or(0.0);
     res.flops = task.flops(&w.axes);
-    let floor_s = dev.floor_s(res.bytes, res.flops);
+    let floor_s = floor_s(dev.peaks(), res.bytes, res.flops, task.transcendentals(&w.axes));
     res.floor_us = Some(floor_s * 1e6);
 
     // The judge's own randomness (offsets, poisons, which runs are checked): derived from the
@@ -182,7 +197,7 @@ pub fn judge_workload(
         inputs,
         what: "",
     };
-    if let Some(f) = verify(dev, task, backend, w, &pools, &out_types, &first, &mut res)? {
+    if let Some(f) = verify(dev, task, backend, w, &pools, &first, &mut res)? {
         res.failure = Some(f);
         return Ok(res);
     }
@@ -227,7 +242,7 @@ pub fn judge_workload(
     // 3. The checked timed runs must be as right as the first one.
     for s in &seen {
         let mut probe = WorkloadResult::default();
-        if let Some(mut f) = verify(dev, task, backend, w, &pools, &out_types, s, &mut probe)? {
+        if let Some(mut f) = verify(dev, task, backend, w, &pools, s, &mut probe)? {
             f.message = format!("{}: {}", s.what, f.message);
             res.check = probe.check;
             res.failure = Some(f);
@@ -239,9 +254,11 @@ pub fn judge_workload(
         res.failure = Some(Failure {
             class: FailureClass::BelowFloor,
             message: format!(
-                "median {:.2} us is below the physical floor {:.2} us",
+                "median {:.2} us is below the physical floor {:.2} us ({:.3e} bytes, {:.3e} flops)",
                 timing.median_us,
-                floor_s * 1e6
+                floor_s * 1e6,
+                res.bytes,
+                res.flops
             ),
         });
     }
@@ -262,7 +279,6 @@ fn verify(
     backend: &str,
     w: &WorkloadReq,
     pools: &[Pool],
-    out_types: &[DType],
     s: &Seen,
     res: &mut WorkloadResult,
 ) -> Result<Option<Failure>, Stop> {
@@ -304,23 +320,27 @@ fn verify(
         })
         .collect();
     let refs = dev.reference(task, w, &inputs)?;
-    let (check, failure) = check_outputs_poisoned(task, backend, &s.outputs, &refs, out_types, &s.poisons);
+    let (check, failure) = check_outputs_poisoned(task, backend, &s.outputs, &refs, &s.poisons);
     res.check = check;
     Ok(failure)
 }
 
-/// `common::check_outputs` for outputs poisoned with per-output patterns.
+/// Every element of every output, on several threads for large outputs.
 fn check_outputs_poisoned(
     task: &Task,
     backend: &str,
     outputs: &[Vec<u8>],
     refs: &[Vec<f64>],
-    types: &[DType],
     poisons: &[Vec<u8>],
 ) -> (data::Check, Option<Failure>) {
-    crate::common::check_outputs_with(task, backend, outputs, refs, |i, out, r, tol| {
-        data::check_with_poison(out, types[i], r, tol, &poisons[i])
-    })
+    let (mut c, f) = crate::common::check_outputs_parallel(task, backend, outputs, refs, poisons);
+    // JSON has no NaN or infinity (serde_json writes null, which does not read back as f64).
+    for v in [&mut c.max_abs_err, &mut c.max_rel_err] {
+        if !v.is_finite() {
+            *v = f64::MAX;
+        }
+    }
+    (c, f)
 }
 
 /// The evaluation of every workload of a request on a loaded candidate, in order. A fatal

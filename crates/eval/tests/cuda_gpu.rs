@@ -147,31 +147,15 @@ fn no_device_is_a_clear_error() {
     assert!(!e.contains('\n'), "one line: {e}");
 }
 
-/// The self-starting worker works (checked with the CPU back-end, so it runs everywhere).
+/// The self-starting worker greets the supervisor (checked with the CPU back-end, so it runs
+/// everywhere; CPU evaluations need the `ksearch runner` of the real binary and are tested in
+/// the CLI's tests).
 #[test]
 fn self_started_worker_answers() {
     let mut sup = supervisor_for("cpu", 20);
-    let t = task("softmax");
-    let k = t.kernel("cpu", "seed").expect("cpu seed").clone();
-    let w = wl(&[("rows", 8), ("cols", 64)]);
-    let req = EvalRequest {
-        id: 1,
-        candidate: Candidate {
-            lang: Lang::Cpp,
-            source: k.source.clone(),
-            launches: k.launches.clone(),
-            scratch: vec![],
-            defines: k.default_config(),
-            options: BTreeMap::new(),
-        },
-        workloads: vec![wreq(&t, w, 5)],
-        backend: "cpu".into(),
-        task: t,
-        timing: TimingReq::default(),
-        check_only: true,
-    };
-    let r = sup.eval(&req);
-    assert!(r.ok(), "{:?} {:?}", r.failure, r.workloads.first().map(|w| &w.failure));
+    let dev = sup.start().expect("the worker greets");
+    assert!(dev.contains("threads"), "{dev}");
+    assert!(sup.isolation.is_some(), "the CPU worker says how it contains candidates");
 }
 
 /// The device references agree with the host f64 references on small workloads.
@@ -415,7 +399,7 @@ fn host_costs_at_scale() {
     let inputs = make_inputs(&t, "cuda", &r).unwrap();
     let draw_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let par = ksearch_eval::cuda::make_inputs_parallel(&t, "cuda", std::slice::from_ref(&r)).unwrap();
+    let par = ksearch_eval::common::make_inputs_parallel(&t, "cuda", std::slice::from_ref(&r)).unwrap();
     let gen_par = t1.elapsed().as_secs_f64();
     assert_eq!(par.len(), 1);
     for (a, b) in inputs.iter().zip(&par[0]) {
@@ -446,7 +430,7 @@ fn parallel_inputs_match_make_inputs() {
         let t = task(name);
         let reqs = vec![wreq(&t, w.clone(), 17), wreq(&t, w, 18)];
         for min_part in [1, 7, 1000, 1 << 20] {
-            let par = ksearch_eval::cuda::make_inputs_parts(&t, "cuda", &reqs, min_part).unwrap();
+            let par = ksearch_eval::common::make_inputs_parts(&t, "cuda", &reqs, min_part, |n| n).unwrap();
             assert_eq!(par.len(), reqs.len());
             for (r, got) in reqs.iter().zip(&par) {
                 let want = make_inputs(&t, "cuda", r).unwrap();
@@ -479,14 +463,14 @@ fn parallel_check_matches_check_outputs() {
     let s_out = s_ref.iter().map(|v| v + 1e-6).collect::<Vec<_>>();
     let enc = |y: &[f64], s: &[f64]| vec![data::encode(y, DType::F16), data::encode(s, DType::F32)];
     let a = ksearch_eval::common::check_outputs(&t, "cuda", &enc(&y_out, &s_out), &refs);
-    let b = ksearch_eval::cuda::check_outputs_parallel(&t, "cuda", &enc(&y_out, &s_out), &refs);
+    let b = ksearch_eval::common::check_outputs_parallel(&t, "cuda", &enc(&y_out, &s_out), &refs, &[]);
     assert!(a.0.passed() && a.1.is_none());
     assert_eq!(a.0, b.0);
     assert!(b.1.is_none());
     // One bad element far in: the same failure.
     y_out[1_500_000] += 1.0;
     let a = ksearch_eval::common::check_outputs(&t, "cuda", &enc(&y_out, &s_out), &refs);
-    let b = ksearch_eval::cuda::check_outputs_parallel(&t, "cuda", &enc(&y_out, &s_out), &refs);
+    let b = ksearch_eval::common::check_outputs_parallel(&t, "cuda", &enc(&y_out, &s_out), &refs, &[]);
     assert!(!a.0.passed());
     assert_eq!(a.0, b.0);
     assert_eq!(a.1.map(|f| f.message), b.1.map(|f| f.message));
