@@ -71,9 +71,17 @@ pub fn rmsnorm(a: &RefArgs) -> Vec<Vec<f64>> {
     vec![y]
 }
 
-/// Scaled dot-product attention. q, k, v, o: [B, H, L, D]; scale 1/sqrt(D); `causal` axis 0/1.
+/// Scaled dot-product attention with grouped-query heads. q, o: [B, H, L, D]; k, v:
+/// [B, Hkv, L, D]; query head h reads key/value head h / (H / Hkv) (Hkv = H: multi-head,
+/// Hkv = 1: multi-query; a missing or zero `Hkv` axis means H). Scale 1/sqrt(D); `causal` 0/1.
 pub fn attention(a: &RefArgs) -> Vec<Vec<f64>> {
     let (b, h, l, d) = (a.axis("B"), a.axis("H"), a.axis("L"), a.axis("D"));
+    let hkv = match a.axis("Hkv") {
+        0 => h,
+        n => n,
+    };
+    assert!(hkv > 0 && h % hkv == 0, "attention: H = {h} is not a multiple of Hkv = {hkv}");
+    let group = h / hkv;
     let causal = a.axes.get("causal").copied().unwrap_or(0) != 0;
     let (q, k, v) = (a.inputs[0], a.inputs[1], a.inputs[2]);
     let scale = 1.0 / (d as f64).sqrt();
@@ -81,12 +89,13 @@ pub fn attention(a: &RefArgs) -> Vec<Vec<f64>> {
     let mut s = vec![0.0; l];
     for bh in 0..b * h {
         let base = bh * l * d;
+        let kvbase = ((bh / h) * hkv + (bh % h) / group) * l * d;
         for i in 0..l {
             let qi = &q[base + i * d..base + (i + 1) * d];
             let n = if causal { i + 1 } else { l };
             let mut m = f64::NEG_INFINITY;
             for j in 0..n {
-                let kj = &k[base + j * d..base + (j + 1) * d];
+                let kj = &k[kvbase + j * d..kvbase + (j + 1) * d];
                 s[j] = qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>() * scale;
                 m = m.max(s[j]);
             }
@@ -98,7 +107,7 @@ pub fn attention(a: &RefArgs) -> Vec<Vec<f64>> {
             let oi = &mut o[base + i * d..base + (i + 1) * d];
             for j in 0..n {
                 let p = s[j] / sum;
-                let vj = &v[base + j * d..base + (j + 1) * d];
+                let vj = &v[kvbase + j * d..kvbase + (j + 1) * d];
                 for (oo, vv) in oi.iter_mut().zip(vj) {
                     *oo += p * vv;
                 }
@@ -202,6 +211,63 @@ mod tests {
         assert_eq!(&o[0][..2], &[3.0, 4.0]);
         let w = 1.0 / (1.0 + (-(0.5f64).sqrt()).exp()); // softmax weight of key 1 for row 1
         assert!((o[0][2] - (3.0 * (1.0 - w) + 5.0 * w)).abs() < 1e-12);
+    }
+    #[test]
+    fn grouped_query_heads_read_their_shared_kv_head() {
+        // B = 2, H = 4, Hkv = 2 (groups of 2), L = 3, D = 2: the result equals multi-head
+        // attention with each kv head repeated for the query heads of its group.
+        let (b, h, hkv, l, d) = (2usize, 4usize, 2usize, 3usize, 2usize);
+        let f = |i: usize| ((i * 7919) % 17) as f64 / 17.0 - 0.5;
+        let q: Vec<f64> = (0..b * h * l * d).map(f).collect();
+        let k: Vec<f64> = (0..b * hkv * l * d).map(|i| f(i + 3)).collect();
+        let v: Vec<f64> = (0..b * hkv * l * d).map(|i| f(i + 7)).collect();
+        let rep = |x: &[f64]| -> Vec<f64> {
+            let mut r = Vec::new();
+            for bi in 0..b {
+                for hi in 0..h {
+                    let src = (bi * hkv + hi / (h / hkv)) * l * d;
+                    r.extend_from_slice(&x[src..src + l * d]);
+                }
+            }
+            r
+        };
+        let (kr, vr) = (rep(&k), rep(&v));
+        let c = BTreeMap::new();
+        for causal in [0, 1] {
+            let gax = axes(&[("B", 2), ("H", 4), ("Hkv", 2), ("L", 3), ("D", 2), ("causal", causal)]);
+            let got = attention(&RefArgs {
+                axes: &gax,
+                constants: &c,
+                inputs: vec![&q, &k, &v],
+            });
+            let max = axes(&[("B", 2), ("H", 4), ("Hkv", 4), ("L", 3), ("D", 2), ("causal", causal)]);
+            let want = attention(&RefArgs {
+                axes: &max,
+                constants: &c,
+                inputs: vec![&q, &kr, &vr],
+            });
+            for (x, y) in got[0].iter().zip(&want[0]) {
+                assert!((x - y).abs() < 1e-12);
+            }
+            // Without the Hkv axis, k and v have H heads.
+            let old = axes(&[("B", 2), ("H", 4), ("L", 3), ("D", 2), ("causal", causal)]);
+            let same = attention(&RefArgs {
+                axes: &old,
+                constants: &c,
+                inputs: vec![&q, &kr, &vr],
+            });
+            assert_eq!(same[0], want[0]);
+        }
+        // Multi-query (Hkv = 1): every head of a batch reads the one kv head.
+        let one = axes(&[("B", 1), ("H", 3), ("Hkv", 1), ("L", 1), ("D", 2), ("causal", 0)]);
+        let o = attention(&RefArgs {
+            axes: &one,
+            constants: &c,
+            inputs: vec![&q[..6], &k[..2], &v[..2]],
+        });
+        for hi in 0..3 {
+            assert_eq!(&o[0][hi * 2..hi * 2 + 2], &v[..2]);
+        }
     }
     #[test]
     fn scan_matches_repeated_steps() {
