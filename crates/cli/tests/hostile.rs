@@ -185,3 +185,66 @@ fn hostile_kernels_are_rejected_by_a_run_and_leave_nothing_behind() {
     assert!(checked > 10, "{checked} cache entries");
     assert!(orphan_runners().is_empty(), "left behind: {:?}", orphan_runners());
 }
+
+/// Waits until node 2 of run 1 is `running` for the `attempt`-th time, then kills the search.
+fn kill_while_node_runs(child: &mut std::process::Child, store: &Path, attempt: u32) {
+    let started = std::time::Instant::now();
+    let deadline = started + std::time::Duration::from_secs(120);
+    loop {
+        if std::time::Instant::now() > deadline {
+            let nodes = ksearch_store::Store::open(store).and_then(|s| s.nodes(1));
+            panic!("node 2 never ran for the {attempt}th time: {:?}", nodes.map(|v| v.iter().map(|n| (n.id, n.status, n.attempts)).collect::<Vec<_>>()));
+        }
+        // Opened only once the run made it (two processes creating one store race on its
+        // migrations).
+        if store.exists()
+            && std::time::Instant::now() > started + std::time::Duration::from_secs(3)
+            && let Ok(s) = ksearch_store::Store::open(store)
+            && let Ok(nodes) = s.nodes(1)
+            && nodes
+                .iter()
+                .any(|n| n.id == 2 && n.status == ksearch_core::tree::NodeStatus::Running && n.attempts == attempt)
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // Let the evaluation start in the worker.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A node during which the search process died twice is failed on the next resume
+/// (`killed_orchestrator`), not retried forever; the run then goes on; nothing is left running.
+#[test]
+fn a_node_that_twice_outlived_the_search_is_failed_on_resume() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join(".ksearch/store.db");
+    let spawn = |args: &[&str]| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_ksearch"));
+        c.current_dir(d.path())
+            .arg("--tasks-dir")
+            .arg(fixtures())
+            .arg("--store")
+            .arg(&store)
+            .arg("--quiet")
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        c.spawn().unwrap()
+    };
+    let mut run = spawn(&["run", "sleeper", "--rounds", "3", "--run-timeout", "600s", "--max-reps", "3"]);
+    kill_while_node_runs(&mut run, &store, 1);
+    let mut again = spawn(&["resume", "1", "--run-timeout", "600s"]);
+    kill_while_node_runs(&mut again, &store, 2);
+    let o = ks(d.path()).args(["--quiet", "resume", "1", "--run-timeout", "600s"]).output().unwrap();
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", text(&o));
+    let s = ksearch_store::Store::open(&store).unwrap();
+    let n2 = s.nodes(1).unwrap().into_iter().find(|n| n.id == 2).unwrap();
+    assert_eq!(n2.status, ksearch_core::tree::NodeStatus::Failed, "{n2:?}");
+    assert_eq!(n2.failure, Some(ksearch_core::protocol::FailureClass::KilledOrchestrator));
+    assert!(s.run(1).unwrap().status.starts_with("done"), "the run finished");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(orphan_runners().is_empty(), "left behind: {:?}", orphan_runners());
+}
