@@ -22,6 +22,8 @@ cargo test --workspace --no-fail-fast
 
 echo "== NVRTC compile check of the CUDA kernels =="
 bash scripts/nvrtc-check.sh
+echo "== NVRTC compile check of the hostile CUDA fixtures (run on the GPU by scripts/hostile-suite.py) =="
+bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
 
 if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
     echo "== Metal sources: rules and syntax =="
