@@ -343,17 +343,23 @@ impl Search {
         }
     }
 
-    /// Evaluate on the held-out workloads. A kernel specialised by a tunable that its
-    /// constraints tie to the shape (e.g. `HD == D`) is re-specialised per held-out workload:
-    /// same source, same other tunables, the specialisation values the shape needs.
+    /// Evaluate on the held-out workloads, each with its own build (see `evaluate_built`).
     fn evaluate_heldout(&mut self, cand: &Candidate, kernel: &str) -> (EvalReply, f64) {
         let b = self.task.backend(&self.cfg.backend).expect("backend").clone();
+        self.evaluate_built(cand, kernel, &b.heldout, true)
+    }
+
+    /// Evaluate `cand` of knowledge-base kernel `kernel` on `list`, with the build each shape
+    /// needs: a tunable its constraints tie to the shape (e.g. `HD == D`) is specialised per
+    /// workload (same source, same other tunables), one request per distinct build, replies
+    /// merged in the list's order; each workload records the defines it ran with (the
+    /// candidate's dispatch table). Search and held-out workloads are treated alike.
+    fn evaluate_built(&mut self, cand: &Candidate, kernel: &str, list: &[Workload], heldout: bool) -> (EvalReply, f64) {
         let spec = self.task.kernel(&self.cfg.backend, kernel).cloned();
         let mut groups: Vec<(BTreeMap<String, i64>, Vec<Workload>)> = Vec::new();
-        for w in &b.heldout {
+        for w in list {
             let mut c = cand.defines.clone();
             if let Some(k) = &spec
-                && !k.admits(&c, w).unwrap_or(false)
                 && let Some(c2) = specialise(k, &c, w)
             {
                 c = c2;
@@ -363,12 +369,16 @@ impl Search {
                 None => groups.push((c, vec![w.clone()])),
             }
         }
+        if groups.len() == 1 && groups[0].0 == cand.defines {
+            // One build for every shape: a plain evaluation.
+            return self.evaluate(cand, heldout);
+        }
         let mut merged = EvalReply::default();
         let mut wall = 0.0;
         for (defs, ws) in groups {
             let mut c = cand.clone();
-            c.defines = defs;
-            let req = self.request_for(&c, &ws, 1, false);
+            c.defines = defs.clone();
+            let req = self.request_for(&c, &ws, heldout as u64, false);
             let t = Instant::now();
             let r = self.pool.eval_many(std::slice::from_ref(&req)).pop().unwrap_or_default();
             wall += t.elapsed().as_secs_f64();
@@ -381,11 +391,14 @@ impl Search {
             merged.kernel_s += r.kernel_s;
             merged.overhead_s += r.overhead_s;
             merged.resources = r.resources.clone();
-            merged.workloads.extend(r.workloads);
+            merged.workloads.extend(r.workloads.into_iter().map(|mut w| {
+                w.defines = Some(defs.clone());
+                w
+            }));
         }
         self.apply_profile_floor(&mut merged);
-        // Back in the task's order, so seed and candidate line up.
-        let order: Vec<String> = b.heldout.iter().map(|w| workload_label(w, &self.task.axes)).collect();
+        // Back in the list's order, so seed and candidate line up.
+        let order: Vec<String> = list.iter().map(|w| workload_label(w, &self.task.axes)).collect();
         merged
             .workloads
             .sort_by_key(|w| order.iter().position(|l| *l == w.label).unwrap_or(usize::MAX));
@@ -454,6 +467,21 @@ impl Search {
 
     pub fn evaluate_pub(&mut self, cand: &Candidate, heldout: bool) -> (EvalReply, f64) {
         self.evaluate(cand, heldout)
+    }
+
+    /// Evaluate on the search workloads with the build each shape needs.
+    fn evaluate_search(&mut self, cand: &Candidate, kernel: &str) -> (EvalReply, f64) {
+        let b = self.task.backend(&self.cfg.backend).expect("backend").clone();
+        self.evaluate_built(cand, kernel, &b.search, false)
+    }
+
+    /// The knowledge-base kernel a node's candidate was written from ("" if none).
+    fn kernel_of(&self, n: &Node) -> String {
+        n.candidate
+            .as_deref()
+            .and_then(|k| self.store.candidate(k).ok().flatten())
+            .map(|(k, _)| k)
+            .unwrap_or_default()
     }
 
     fn speedup(&self, r: &EvalReply) -> Option<f64> {
@@ -654,7 +682,7 @@ impl Search {
         }
         let (reply, wall) = match self.static_check(&cand) {
             Some(f) => (EvalReply::failed(self.evals, f.class, f.message), 0.0),
-            None => self.evaluate(&cand, false),
+            None => self.evaluate_search(&cand, &kernel),
         };
         self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup)?;
         Ok(true)
@@ -674,10 +702,10 @@ impl Search {
         let mut speedup = if fail.is_none() { self.speedup(&reply) } else { None };
         let mut extra: Vec<(EvalReply, f64)> = Vec::new();
         // A new best is re-timed before it is believed; the slower reading counts.
-        if let (Some(s), Some((_, c))) = (speedup, cand.as_ref())
+        if let (Some(s), Some((k, c))) = (speedup, cand.as_ref())
             && s > self.best_speedup() * 1.01
         {
-            let (r2, w2) = self.evaluate(c, false);
+            let (r2, w2) = self.evaluate_search(c, k);
             let s2 = if failure_of(&r2).is_none() { self.speedup(&r2) } else { None };
             speedup = s2.map(|s2| s.min(s2));
             extra.push((r2, w2));
@@ -866,9 +894,10 @@ impl Search {
         };
         for cand_node in ranked.iter().take(3) {
             let cand = self.load_candidate(cand_node)?;
+            let kname = self.kernel_of(cand_node);
             // Seed and candidate back to back, fresh inputs: the speed-up of the same moment.
             let (rs, ws) = self.evaluate(&seed_cand, false);
-            let (rc, wc) = self.evaluate(&cand, false);
+            let (rc, wc) = self.evaluate_search(&cand, &kname);
             let key = cand_node.candidate.clone();
             let seed_key = seed_node.candidate.clone();
             self.store.atomic(|s| {
@@ -894,12 +923,6 @@ impl Search {
                 }
             } else {
                 let (hs, hws) = self.evaluate_heldout(&seed_cand, "seed");
-                let kname = cand_node
-                    .candidate
-                    .as_deref()
-                    .and_then(|k| self.store.candidate(k).ok().flatten())
-                    .map(|(k, _)| k)
-                    .unwrap_or_default();
                 let (hc, hwc) = self.evaluate_heldout(&cand, &kname);
                 self.store.atomic(|s| {
                     s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "heldout", &hs, hws)?;
@@ -1023,33 +1046,7 @@ impl Search {
 /// Values of the kernel's specialisation tunables (pattern `specialisation`) that make `config`
 /// admissible for `w`, keeping every other tunable as it is.
 fn specialise(k: &ksearch_core::KernelSpec, config: &BTreeMap<String, i64>, w: &Workload) -> Option<BTreeMap<String, i64>> {
-    let spec: Vec<&ksearch_core::task::Tunable> = k
-        .tunables
-        .iter()
-        .filter(|t| t.pattern.as_deref() == Some("specialisation"))
-        .collect();
-    let mut idx = vec![0usize; spec.len()];
-    loop {
-        let mut c = config.clone();
-        for (t, i) in spec.iter().zip(&idx) {
-            c.insert(t.name.clone(), t.values[*i]);
-        }
-        if k.admits(&c, w).unwrap_or(false) {
-            return Some(c);
-        }
-        let mut j = 0;
-        loop {
-            if j == idx.len() {
-                return None;
-            }
-            idx[j] += 1;
-            if idx[j] < spec[j].values.len() {
-                break;
-            }
-            idx[j] = 0;
-            j += 1;
-        }
-    }
+    k.specialise(config, w)
 }
 
 fn first_line(s: &str) -> &str {

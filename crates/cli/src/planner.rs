@@ -150,9 +150,10 @@ impl Offline {
 
     fn admitted(task: &Task, backend: &str, k: &KernelSpec, c: &BTreeMap<String, i64>) -> bool {
         let Some(b) = task.backend(backend) else { return false };
-        // Search workloads only: held-out shapes may need a re-specialised build (see
-        // `driver::specialise`), and the search must not peek at them.
-        b.search.iter().all(|w| k.admits(c, w).unwrap_or(false))
+        // Search workloads only (the search must not peek at held-out shapes); each may take
+        // its own build of the shape-tied tunables (`KernelSpec::specialise`), so a family
+        // with a head-size specialisation serves workloads of several head sizes at once.
+        b.search.iter().all(|w| k.specialise(c, w).is_some())
     }
 
     /// The default configuration, or the first admitted one in lexicographic order.

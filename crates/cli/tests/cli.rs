@@ -272,3 +272,34 @@ unsafe fn libc_kill(pid: i32) {
         kill(pid, 9);
     }
 }
+
+/// One search over two shapes that need different builds of a kernel family (a shape-tied
+/// `specialisation` tunable): the family is searched, each workload runs its own build, and
+/// the held-out shape gets its build too.
+#[test]
+fn a_search_over_shapes_needing_different_builds_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("s.db");
+    let o = ks(&s)
+        .args(["run", &fixture("shapes"), "--rounds", "4", "--max-reps", "3"])
+        .output()
+        .unwrap();
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}\n{}", stdout(&o), stderr(&o));
+    let store = ksearch_store::Store::open(&s).unwrap();
+    let nodes = store.nodes(1).unwrap();
+    let adopted = nodes
+        .iter()
+        .filter(|n| format!("{:?}", n.action).contains("fixed_cols"))
+        .find(|n| n.status == ksearch_core::tree::NodeStatus::Solved)
+        .unwrap_or_else(|| panic!("the family was not searched: {nodes:?}\n{}", stderr(&o)));
+    let evals = store.evaluations(1, Some(adopted.id)).unwrap();
+    let search = evals.iter().find(|e| e.purpose == "search").expect("a search evaluation");
+    let cols: Vec<Option<i64>> = search
+        .reply
+        .workloads
+        .iter()
+        .map(|w| w.defines.as_ref().and_then(|d| d.get("COLS").copied()))
+        .collect();
+    assert_eq!(cols, vec![Some(256), Some(512)], "each shape ran its own build");
+    assert!(search.reply.ok(), "{:?}", search.reply.workloads);
+}

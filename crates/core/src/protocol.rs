@@ -317,6 +317,10 @@ pub struct WorkloadResult {
     pub floor_us: Option<f64>,
     #[serde(default)]
     pub failure: Option<Failure>,
+    /// The build this workload ran with, where it differs per shape (shape-tied tunables
+    /// specialised): the candidate's dispatch entry for this shape. Set by the search.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub defines: Option<BTreeMap<String, i64>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

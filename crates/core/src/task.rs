@@ -194,6 +194,54 @@ impl KernelSpec {
         }
         Ok(true)
     }
+
+    /// The build of `config` for `workload`: `config` itself where it is admitted, else the
+    /// same configuration with its shape-tied tunables (pattern `specialisation`, e.g. a head
+    /// size `HD` with the constraint `HD == D`) set to the first values the workload admits;
+    /// `None` when no such build exists. One candidate is a kernel family plus its free
+    /// tunables; the builds per shape are its dispatch table.
+    pub fn specialise(&self, config: &BTreeMap<String, i64>, workload: &Workload) -> Option<BTreeMap<String, i64>> {
+        if self.admits(config, workload).unwrap_or(false) {
+            return Some(config.clone());
+        }
+        let spec: Vec<&Tunable> = self
+            .tunables
+            .iter()
+            .filter(|t| t.pattern.as_deref() == Some("specialisation"))
+            .collect();
+        if spec.is_empty() {
+            return None;
+        }
+        let mut idx = vec![0usize; spec.len()];
+        loop {
+            let mut c = config.clone();
+            for (t, i) in spec.iter().zip(&idx) {
+                c.insert(t.name.clone(), t.values[*i]);
+            }
+            if self.admits(&c, workload).unwrap_or(false) {
+                return Some(c);
+            }
+            let mut j = 0;
+            loop {
+                if j == idx.len() {
+                    return None;
+                }
+                idx[j] += 1;
+                if idx[j] < spec[j].values.len() {
+                    break;
+                }
+                idx[j] = 0;
+                j += 1;
+            }
+        }
+    }
+
+    /// The tunables a search chooses (all but the shape-tied ones).
+    pub fn is_free(&self, name: &str) -> bool {
+        self.tunables
+            .iter()
+            .any(|t| t.name == name && t.pattern.as_deref() != Some("specialisation"))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

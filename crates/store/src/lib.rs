@@ -146,6 +146,10 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX llm_calls_run ON llm_calls(run_id);
     "#,
+    // 3: the build each workload ran with, where a candidate is specialised per shape
+    r#"
+    ALTER TABLE eval_workloads ADD COLUMN defines TEXT;
+    "#,
 ];
 
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -568,8 +572,8 @@ impl Store {
             let wf = w.failure.as_ref();
             self.conn.execute(
                 "INSERT INTO eval_workloads (eval_id, idx, label, axes, seed, ok, median_us, min_us, spread, reps, max_abs_err,
-                    max_rel_err, mismatches, unwritten, nan, bytes, flops, floor_us, failure_class, failure_message)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+                    max_rel_err, mismatches, unwritten, nan, bytes, flops, floor_us, failure_class, failure_message, defines)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
                 params![
                     id,
                     i as i64,
@@ -591,6 +595,7 @@ impl Store {
                     w.floor_us,
                     wf.map(|f| f.class.name()),
                     wf.map(|f| f.message.as_str()),
+                    w.defines.as_ref().map(serde_json::to_string).transpose()?,
                 ],
             )?;
         }
@@ -639,7 +644,7 @@ impl Store {
         let mut out = Vec::with_capacity(heads.len());
         let mut wst = self.conn.prepare(
             "SELECT label, axes, seed, median_us, min_us, spread, reps, max_abs_err, max_rel_err, mismatches, unwritten, nan,
-                bytes, flops, floor_us, failure_class, failure_message
+                bytes, flops, floor_us, failure_class, failure_message, defines
              FROM eval_workloads WHERE eval_id = ?1 ORDER BY idx",
         )?;
         for mut h in heads {
@@ -677,6 +682,7 @@ impl Store {
                             class: FailureClass::parse(&c).unwrap_or(FailureClass::Infra),
                             message: r.get::<_, Option<String>>(16).ok().flatten().unwrap_or_default(),
                         }),
+                        defines: r.get::<_, Option<String>>(17)?.and_then(|d| serde_json::from_str(&d).ok()),
                     })
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
