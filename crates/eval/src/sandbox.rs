@@ -607,7 +607,6 @@ fn seccomp(arena: u64, arena_len: u64) -> Result<(), String> {
         libc::SYS_reboot,
         libc::SYS_kexec_load,
         libc::SYS_setrlimit,
-        libc::SYS_prlimit64,
         libc::SYS_setuid,
         libc::SYS_setgid,
         libc::SYS_setreuid,
@@ -630,6 +629,8 @@ fn seccomp(arena: u64, arena_len: u64) -> Result<(), String> {
     // Signals to anyone but itself.
     deny.insert(libc::SYS_kill, vec![rule(vec![cond(0, Op::Ne, me)?])?]);
     deny.insert(libc::SYS_tgkill, vec![rule(vec![cond(0, Op::Ne, me)?])?]);
+    // Raising limits (reading them stays allowed: getrlimit is prlimit64 without a new value).
+    deny.insert(libc::SYS_prlimit64, vec![rule(vec![cond(2, Op::Ne, 0)?])?]);
     // Keeping the parent-death signal.
     deny.insert(
         libc::SYS_prctl,
