@@ -11,7 +11,7 @@ use ksearch_core::protocol::{CompileInfo, EvalReply, EvalRequest, Failure, Failu
 
 use crate::Backend;
 use crate::common::output_specs;
-use crate::judge::{Device, Peaks, Stop, judge_request};
+use crate::judge::{Device, Peaks, ReadBack, Stop, judge_request};
 use crate::sandbox::{self, Death, Runner, SLACK_BYTE};
 
 pub struct CpuBackend {
@@ -413,7 +413,7 @@ impl Device for CpuDevice<'_> {
         self.runner.run(&bufs, &dims).map_err(|d| self.death(d, "running"))
     }
 
-    fn read_back(&mut self) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>), Stop> {
+    fn read_back(&mut self) -> Result<ReadBack, Stop> {
         let bufs = self.bufs.clone();
         let n_in = self.n_in;
         let got = self.runner.stopped(|r| {

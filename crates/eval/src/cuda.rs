@@ -27,7 +27,7 @@ use ksearch_core::task::{KernelSpec, Task, Workload};
 
 use crate::Backend;
 use crate::common::{HostTensor, host_reference, output_specs};
-use crate::judge::{Device, Peaks, Stop as JStop, judge_request};
+use crate::judge::{Device, Peaks, ReadBack, Stop as JStop, judge_request};
 
 /// The trusted device references (compiled once per worker).
 pub const REFERENCE_SOURCE: &str = include_str!("cuda/reference.cu");
@@ -1363,7 +1363,7 @@ impl Device for CudaDevice<'_> {
         Ok(ms / 1e3)
     }
 
-    fn read_back(&mut self) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>), JStop> {
+    fn read_back(&mut self) -> Result<ReadBack, JStop> {
         // After a synchronisation nothing of the candidate runs any more.
         self.sync("reading back")?;
         let stream = self.be.stream;

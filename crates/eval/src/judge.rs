@@ -48,6 +48,9 @@ impl Stop {
     }
 }
 
+/// Every output's bytes, then every input's, as read back after a run.
+pub type ReadBack = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
 /// Where one workload's buffers live and how the candidate runs on them. Trusted code.
 pub trait Device {
     /// Prepare workload `index` of the request: input pools (bytes), input and output sizes
@@ -63,7 +66,7 @@ pub trait Device {
     fn run(&mut self) -> Result<f64, Stop>;
     /// After a run: make sure the candidate is no longer running (e.g. stop its process), then
     /// read back every output and input.
-    fn read_back(&mut self) -> Result<(Vec<Vec<u8>>, Vec<Vec<u8>>), Stop>;
+    fn read_back(&mut self) -> Result<ReadBack, Stop>;
     /// The reference outputs for these inputs (f64, the task's declared outputs).
     fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, Stop> {
         host_reference(task, w, inputs).map_err(|e| Stop::fail(FailureClass::Infra, e))
