@@ -22,6 +22,8 @@ def rmsnorm(inputs: dict[str, Any], axes: dict[str, int], constants: dict[str, f
 
 
 def attention(inputs: dict[str, Any], axes: dict[str, int], constants: dict[str, float]) -> list[Any]:
+    """MLX's fused attention; k and v may have fewer heads than q (grouped-query attention is
+    native to it: query head h reads key/value head h / (H / Hkv))."""
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     scale = 1.0 / math.sqrt(int(axes["D"]))
     mask = "causal" if int(axes.get("causal", 0)) else None

@@ -38,20 +38,29 @@ def rmsnorm(inputs: dict[str, Any], axes: dict[str, int], constants: dict[str, f
 
 
 def attention(inputs: dict[str, Any], axes: dict[str, int], constants: dict[str, float]) -> list[Any]:
-    """o = softmax(q k^T / sqrt(D), causal mask when causal = 1) v; q, k, v, o: [B, H, L, D].
+    """o = softmax(q k^T / sqrt(D), causal mask when causal = 1) v; q, o: [B, H, L, D];
+    k, v: [B, Hkv, L, D] with query head h reading key/value head h / (H / Hkv) (grouped-query
+    attention; without an `Hkv` axis, Hkv = H).
 
     Query rows are processed in blocks so that the score block stays under BLOCK_ELEMENTS.
     """
     q, k, v = (inputs[n].astype(F32) for n in ("q", "k", "v"))
     b, h, l, d = (int(axes[a]) for a in ("B", "H", "L", "D"))
+    hkv = int(axes.get("Hkv", h) or h)
+    if hkv <= 0 or h % hkv:
+        raise ValueError(f"attention: H = {h} is not a multiple of Hkv = {hkv}")
+    g = h // hkv
     causal = int(axes.get("causal", 0)) != 0
     scale = 1.0 / math.sqrt(d)
     rows = max(1, min(l, BLOCK_ELEMENTS // max(1, b * h * l)))
-    kt = mx.swapaxes(k, -1, -2)
+    # the query heads of one group share their key/value head: [B, Hkv, 1, L, D] broadcast over G
+    kt = mx.expand_dims(mx.swapaxes(k, -1, -2), 2)
+    vg = mx.expand_dims(v, 2)
     blocks = []
     for r0 in range(0, l, rows):
         r1 = min(l, r0 + rows)
-        s = (q[:, :, r0:r1, :] @ kt) * scale  # [B, H, rows, L]
+        qb = q[:, :, r0:r1, :].reshape(b, hkv, g, r1 - r0, d)
+        s = (qb @ kt) * scale  # [B, Hkv, G, rows, L]
         if causal:
             i = mx.arange(r0, r1).reshape(-1, 1)
             j = mx.arange(l).reshape(1, -1)
@@ -59,7 +68,7 @@ def attention(inputs: dict[str, Any], axes: dict[str, int], constants: dict[str,
         s = s - mx.max(s, axis=-1, keepdims=True)
         p = mx.exp(s)
         p = p / mx.sum(p, axis=-1, keepdims=True)
-        o = p @ v
+        o = (p @ vg).reshape(b, h, r1 - r0, d)
         mx.eval(o)
         blocks.append(o)
     return [mx.concatenate(blocks, axis=2) if len(blocks) > 1 else blocks[0]]

@@ -11,8 +11,10 @@ from ksearch_mlx.data import as_f32, check_outputs, draw_inputs
 CASES = [
     ("softmax", {"rows": 4, "cols": 33}),
     ("rmsnorm", {"rows": 3, "cols": 64}),
-    ("attention", {"B": 1, "H": 2, "L": 16, "D": 8, "causal": 0}),
-    ("attention", {"B": 1, "H": 2, "L": 16, "D": 8, "causal": 1}),
+    ("attention", {"B": 1, "H": 2, "Hkv": 2, "L": 16, "D": 8, "causal": 0}),
+    ("attention", {"B": 1, "H": 2, "Hkv": 2, "L": 16, "D": 8, "causal": 1}),
+    ("attention", {"B": 3, "H": 8, "Hkv": 2, "L": 13, "D": 16, "causal": 1}),  # grouped-query heads, ragged L
+    ("attention", {"B": 2, "H": 4, "Hkv": 1, "L": 7, "D": 8, "causal": 0}),  # multi-query
     ("mamba_scan", {"batch": 2, "L": 12, "D": 8, "N": 4}),
     ("mamba_step", {"batch": 2, "D": 8, "N": 4}),
 ]

@@ -95,10 +95,12 @@ def test_timing_summary_matches_rust():
 
 def test_bytes_and_flops_floors():
     task = load_task("attention")
-    axes = {"B": 1, "H": 2, "L": 8, "D": 4, "causal": 1}
+    axes = {"B": 1, "H": 2, "Hkv": 2, "L": 8, "D": 4, "causal": 1}
     # q, k, v, o: 4 tensors of 1*2*8*4 f16 values.
     assert min_bytes(task, "no-such-backend", axes) == 4 * 64 * 2  # declared dtypes
     assert min_bytes(task, "cpu", axes) == 4 * 64 * 4  # the cpu back-end overrides them to f32
+    # Grouped-query heads: k and v have Hkv = 1 head, q and o have H = 2.
+    assert min_bytes(task, "cpu", dict(axes, Hkv=1)) == (2 * 64 + 2 * 32) * 4
     # 4 * B * H * D * (L*L - L*(L-1)/2) in floating point.
     assert task_flops(task, axes) == 4 * 2 * 4 * (64 - 28)
     overrides = load_task("mamba_scan")

@@ -447,7 +447,7 @@ def test_attention_axes_causal_keyword_and_no_patch():
     o = mod.attention(q, q, q)
     assert isinstance(o, mx.array) and o.shape == q.shape  # one output: not a tuple
     inputs, axes = seen[-1]
-    assert axes == {"B": 2, "H": 3, "L": 64, "D": 64, "causal": 0}
+    assert axes == {"B": 2, "H": 3, "Hkv": 3, "L": 64, "D": 64, "causal": 0}
     assert all(v.dtype == mx.float16 for v in inputs.values())  # declared f16 (cpu override not used)
     mod.attention(q, q, q, causal=True)
     assert seen[-1][1]["causal"] == 1

@@ -40,6 +40,8 @@ def test_rmsnorm_matches_float64_with_the_task_eps():
 
 def attention64(q, k, v, causal):
     d = q.shape[-1]
+    g = q.shape[1] // k.shape[1]  # query heads per key/value head
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(d)
     if causal:
         l = q.shape[-2]
@@ -52,7 +54,7 @@ def attention64(q, k, v, causal):
 def test_attention_matches_float64(causal, monkeypatch):
     b, h, l, d = 2, 3, 9, 8
     q, k, v = (RNG.normal(size=(b, h, l, d)) for _ in range(3))
-    axes = {"B": b, "H": h, "L": l, "D": d, "causal": causal}
+    axes = {"B": b, "H": h, "Hkv": h, "L": l, "D": d, "causal": causal}
     ins = {"q": mx32(q), "k": mx32(k), "v": mx32(v)}
     want = attention64(q, k, v, causal)
     (o,) = reference.attention(ins, axes, {})
@@ -61,6 +63,35 @@ def test_attention_matches_float64(causal, monkeypatch):
     monkeypatch.setattr(reference, "BLOCK_ELEMENTS", b * h * l * 2)
     (o2,) = reference.attention(ins, axes, {})
     np.testing.assert_allclose(np64(o2), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("hkv", [1, 2, 6])
+def test_grouped_query_attention_matches_float64(causal, hkv, monkeypatch):
+    """k, v with Hkv heads: query head h reads key/value head h // (H // Hkv) (MQA at Hkv = 1)."""
+    b, h, l, d = 2, 6, 11, 8
+    q = RNG.normal(size=(b, h, l, d))
+    k, v = (RNG.normal(size=(b, hkv, l, d)) for _ in range(2))
+    axes = {"B": b, "H": h, "Hkv": hkv, "L": l, "D": d, "causal": causal}
+    ins = {"q": mx32(q), "k": mx32(k), "v": mx32(v)}
+    want = attention64(q, k, v, causal)
+    (o,) = reference.attention(ins, axes, {})
+    np.testing.assert_allclose(np64(o), want, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(reference, "BLOCK_ELEMENTS", b * h * l * 3)  # blocks of 3 query rows
+    (o3,) = reference.attention(ins, axes, {})
+    np.testing.assert_allclose(np64(o3), want, rtol=1e-4, atol=1e-5)
+    # Head h of the result only depends on its own kv head.
+    k2 = k.copy()
+    k2[:, -1] += 1.0
+    (o4,) = reference.attention({"q": mx32(q), "k": mx32(k2), "v": mx32(v)}, axes, {})
+    untouched = h - h // hkv
+    np.testing.assert_allclose(np64(o4)[:, :untouched], np64(o)[:, :untouched], rtol=1e-6, atol=1e-7)
+
+
+def test_attention_refuses_heads_that_do_not_group():
+    x = mx32(np.zeros((1, 3, 2, 4)))
+    with pytest.raises(ValueError, match="not a multiple of Hkv"):
+        reference.attention({"q": x, "k": x[:, :2], "v": x[:, :2]}, {"B": 1, "H": 3, "Hkv": 2, "L": 2, "D": 4, "causal": 0}, {})
 
 
 def test_causal_first_row_and_single_key_return_v():

@@ -1,4 +1,5 @@
-// Flash-style attention on the CPU: per (batch, head), K is transposed and V padded once;
+// Flash-style attention on the CPU: per (batch, key/value head), K is transposed and V padded
+// once (grouped-query heads: query head h reads key/value head h / (H / Hkv));
 // each block of BQ query rows walks the keys in blocks of BK with an online softmax
 // (running max / sum, accumulator rescaled per block). The score tile S = Q K^T and the
 // P V update are register-blocked with GCC vector extensions (16 lanes). Blocks above the
@@ -64,35 +65,41 @@ extern "C" void attention(void** bufs, const int64_t* dims) {
     const float* k = static_cast<const float*>(bufs[1]);
     const float* v = static_cast<const float*>(bufs[2]);
     float* o = static_cast<float*>(bufs[3]);
-    const int64_t B = dims[0], H = dims[1], L = dims[2], D = dims[3];
-    const bool causal = dims[4] != 0;
+    const int64_t B = dims[0], H = dims[1], Hkv = dims[2], L = dims[3], D = dims[4];
+    const bool causal = dims[5] != 0;
     const float scale = 1.0f / std::sqrt((float)D);
-    const int64_t BHn = B * H;
+    const int64_t BHn = B * H, BKn = B * Hkv, G = H / Hkv;
     const int64_t Lk = (L + BK - 1) / BK * BK;   // keys padded to a multiple of BK
     const int64_t Lq = (L + BQ - 1) / BQ * BQ;   // queries padded to a multiple of BQ
     const int64_t Dp = (D + W - 1) / W * W;      // head dim padded to a multiple of 16
-    const int64_t per = D * Lk + Lk * Dp + Lq * D;  // Kt [D][Lk], Vp [Lk][Dp], Qs [Lq][D]
-    if ((int64_t)g_buf.size() < BHn * per) g_buf.resize(BHn * per);
-    float* buf = g_buf.data();
+    const int64_t kvper = D * Lk + Lk * Dp;      // per key/value head: Kt [D][Lk], Vp [Lk][Dp]
+    const int64_t qper = Lq * D;                 // per query head: Qs [Lq][D]
+    if ((int64_t)g_buf.size() < BKn * kvper + BHn * qper) g_buf.resize(BKn * kvper + BHn * qper);
+    float* kvbuf = g_buf.data();
+    float* qbuf = kvbuf + BKn * kvper;
 
 #pragma omp parallel num_threads(THREADS) if (THREADS > 1)
     {
 #pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < BHn; bh++) {
-            const float* kb = k + bh * L * D;
-            const float* vb = v + bh * L * D;
-            const float* qb = q + bh * L * D;
-            float* Kt = buf + bh * per;
-            float* Vp = Kt + D * Lk;
-            float* Qs = Vp + Lk * Dp;
-            for (int64_t d = 0; d < D; d++) {
-                for (int64_t j = 0; j < L; j++) Kt[d * Lk + j] = kb[j * D + d];
-                for (int64_t j = L; j < Lk; j++) Kt[d * Lk + j] = 0.0f;
+        for (int64_t x = 0; x < BKn + BHn; x++) {
+            if (x < BKn) {
+                const float* kb = k + x * L * D;
+                const float* vb = v + x * L * D;
+                float* Kt = kvbuf + x * kvper;
+                float* Vp = Kt + D * Lk;
+                for (int64_t d = 0; d < D; d++) {
+                    for (int64_t j = 0; j < L; j++) Kt[d * Lk + j] = kb[j * D + d];
+                    for (int64_t j = L; j < Lk; j++) Kt[d * Lk + j] = 0.0f;
+                }
+                for (int64_t j = 0; j < Lk; j++)
+                    for (int64_t d = 0; d < Dp; d++) Vp[j * Dp + d] = (j < L && d < D) ? vb[j * D + d] : 0.0f;
+            } else {
+                const int64_t bh = x - BKn;
+                const float* qb = q + bh * L * D;
+                float* Qs = qbuf + bh * qper;
+                for (int64_t i = 0; i < Lq; i++)
+                    for (int64_t d = 0; d < D; d++) Qs[i * D + d] = i < L ? qb[i * D + d] * scale : 0.0f;
             }
-            for (int64_t j = 0; j < Lk; j++)
-                for (int64_t d = 0; d < Dp; d++) Vp[j * Dp + d] = (j < L && d < D) ? vb[j * D + d] : 0.0f;
-            for (int64_t i = 0; i < Lq; i++)
-                for (int64_t d = 0; d < D; d++) Qs[i * D + d] = i < L ? qb[i * D + d] * scale : 0.0f;
         }
 
         std::vector<float> oacc_v(BQ * Dp);
@@ -104,9 +111,9 @@ extern "C" void attention(void** bufs, const int64_t* dims) {
 #pragma omp for schedule(static, 1)
         for (int64_t task = 0; task < BHn * nqb; task++) {
             const int64_t bh = task / nqb, i0 = (task % nqb) * BQ;
-            const float* Kt = buf + bh * per;
+            const float* Kt = kvbuf + ((bh / H) * Hkv + (bh % H) / G) * kvper;
             const float* Vp = Kt + D * Lk;
-            const float* Qs = Vp + Lk * Dp;
+            const float* Qs = qbuf + bh * qper;
             float m[BQ], l[BQ];
             for (int r = 0; r < BQ; r++) { m[r] = -INFINITY; l[r] = 0.0f; }
             for (int64_t x = 0; x < BQ * Dp; x++) oacc[x] = 0.0f;

@@ -4,8 +4,11 @@
 // every K/V fragment feeds two MMAs: half the ldmatrix traffic per MMA), S = Q K^T and O += P V run on the tensor cores with
 // mma.sync m16n8k16 (f16 in, f32 accumulate) fed by ldmatrix; online softmax keeps the running row
 // max and sum in registers. Causal blocks skip key tiles past the diagonal, heavy blocks first.
+// Any L: the grid covers ceil(L / BLOCK_M) row blocks, rows and keys past L are zero-filled in
+// shared memory (cp.async with src-size 0), scores of keys past L are -inf and rows past L are not
+// stored. Grouped-query heads: query head h reads key/value head h / (H / Hkv) (k, v: [B, Hkv, L, D]).
 //
-// Tunables: HD (== D, compile-time head dim), BLOCK_M, BLOCK_N, WARPS, KT (K stored transposed in
+// Tunables: HD (== D, compile-time head dim, a multiple of 16), BLOCK_M, BLOCK_N, WARPS, KT (K stored transposed in
 // shared memory, read with ldmatrix.trans), EXP2 (exp2 with log2(e)-prescaled scale, else expf),
 // TC (1: mma.sync; 0: SIMT fallback, one thread per query row), VEC (16-byte cp.async vs 4-byte
 // synchronous loads), ONLINE (1: online softmax; 0: a first pass computes the exact row max).
@@ -73,6 +76,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)
 __device__ __forceinline__ void cp16(void* s, const void* g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s)), "l"(g));
 }
+// 16 bytes, or 16 zero bytes when n == 0 (nothing is read from g then).
+__device__ __forceinline__ void cp16z(void* s, const void* g, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n));
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
@@ -90,28 +97,32 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Copy `rows` rows of HD halves (global row stride HD) into shared rows of stride `ds` halves.
-__device__ __forceinline__ void load_rows(unsigned short* dst, int ds, const unsigned short* src, int rows, int tid) {
+// Copy `rows` rows of HD halves (global row stride HD) into shared rows of stride `ds` halves;
+// rows from `valid` on are zero-filled (nothing past them is read).
+__device__ __forceinline__ void load_rows(unsigned short* dst, int ds, const unsigned short* src, int rows, int valid,
+                                          int tid) {
 #if VEC
     for (int c = tid; c < rows * (HD / 8); c += NT) {
         int r = c / (HD / 8), cc = c % (HD / 8);
-        cp16(dst + r * ds + cc * 8, src + (long long)r * HD + cc * 8);
+        const bool ok = r < valid;
+        cp16z(dst + r * ds + cc * 8, src + (ok ? (long long)r * HD + cc * 8 : 0), ok ? 16 : 0);
     }
 #else
     for (int c = tid; c < rows * (HD / 2); c += NT) {
         int r = c / (HD / 2), cc = c % (HD / 2);
-        *(unsigned*)(dst + r * ds + cc * 2) = __ldg((const unsigned*)(src + (long long)r * HD + cc * 2));
+        *(unsigned*)(dst + r * ds + cc * 2) = r < valid ? __ldg((const unsigned*)(src + (long long)r * HD + cc * 2)) : 0u;
     }
 #endif
 }
 
-// K tile: [key][d] via load_rows, or transposed [d][key] through registers (KT=1).
-__device__ __forceinline__ void load_k(unsigned short* dst, const unsigned short* src, int tid) {
+// K tile: [key][d] via load_rows, or transposed [d][key] through registers (KT=1); keys from
+// `valid` on are zero.
+__device__ __forceinline__ void load_k(unsigned short* dst, const unsigned short* src, int valid, int tid) {
 #if KT
 #if VEC
     for (int c = tid; c < BLOCK_N * (HD / 8); c += NT) {
         int r = c % BLOCK_N, cc = c / BLOCK_N;
-        uint4 w = __ldg((const uint4*)(src + (long long)r * HD + cc * 8));
+        uint4 w = r < valid ? __ldg((const uint4*)(src + (long long)r * HD + cc * 8)) : make_uint4(0u, 0u, 0u, 0u);
         unsigned ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -122,13 +133,13 @@ __device__ __forceinline__ void load_k(unsigned short* dst, const unsigned short
 #else
     for (int c = tid; c < BLOCK_N * (HD / 2); c += NT) {
         int r = c % BLOCK_N, cc = c / BLOCK_N;
-        unsigned w = __ldg((const unsigned*)(src + (long long)r * HD + cc * 2));
+        unsigned w = r < valid ? __ldg((const unsigned*)(src + (long long)r * HD + cc * 2)) : 0u;
         dst[(cc * 2) * KTS + r] = (unsigned short)(w & 0xffff);
         dst[(cc * 2 + 1) * KTS + r] = (unsigned short)(w >> 16);
     }
 #endif
 #else
-    load_rows(dst, KS, src, BLOCK_N, tid);
+    load_rows(dst, KS, src, BLOCK_N, valid, tid);
 #endif
 }
 
@@ -136,42 +147,48 @@ extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short*
                                                            const unsigned short* __restrict__ k,
                                                            const unsigned short* __restrict__ v,
                                                            unsigned short* __restrict__ o, long long B, long long H,
-                                                           long long L, long long D, long long causal) {
+                                                           long long Hkv, long long L, long long D, long long causal) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned short* sm = (unsigned short*)smem_raw;
     unsigned short* sK[2] = {sm, sm + KBUF};
     unsigned short* sV[2] = {sm + 2 * KBUF, sm + 2 * KBUF + VBUF};
     const int tid = threadIdx.x;
     const long long bh = blockIdx.y;
+    const long long kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);  // the key/value head of this query head
     const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const unsigned short* Kg = k + bh * L * HD;
-    const unsigned short* Vg = v + bh * L * HD;
+    const unsigned short* Kg = k + kvh * L * HD;
+    const unsigned short* Vg = v + kvh * L * HD;
     const float sc = SCALE_MUL / sqrtf((float)HD);
+    const int Ln = (int)L;
+    const int ntk = (Ln + BLOCK_N - 1) / BLOCK_N;  // key tiles; the last one may be partial
+#define KVALID(t) min(BLOCK_N, Ln - (t) * BLOCK_N)
 
 #if TC
     // Each warp owns MT m-tiles of 16 query rows: rows m0 + warp*16*MT + 16*mt + {g, g+8}.
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     const int m0 = mb * BLOCK_M;
     const int wfirst = m0 + warp * 16 * MT, wlast = wfirst + 16 * MT - 1;
-    const int nt = causal ? (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N : (int)(L / BLOCK_N);
+    const bool wlive = wfirst < Ln;  // the warp has a row before L
+    const int nt = causal ? min(ntk, (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N) : ntk;
     const unsigned short* Qg = q + bh * L * HD;
     const int mi = lane >> 3, rr = lane & 7;
 
 #if MT == 1
     unsigned qa[1][HD / 16][4];
+    const bool q0 = wfirst + g < Ln, q1 = wfirst + g + 8 < Ln;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
         const unsigned short* p0 = Qg + (long long)(wfirst + g) * HD + kk * 16 + 2 * qd;
-        qa[0][kk][0] = __ldg((const unsigned*)p0);
-        qa[0][kk][1] = __ldg((const unsigned*)(p0 + 8 * HD));
-        qa[0][kk][2] = __ldg((const unsigned*)(p0 + 8));
-        qa[0][kk][3] = __ldg((const unsigned*)(p0 + 8 * HD + 8));
+        qa[0][kk][0] = q0 ? __ldg((const unsigned*)p0) : 0u;
+        qa[0][kk][1] = q1 ? __ldg((const unsigned*)(p0 + 8 * HD)) : 0u;
+        qa[0][kk][2] = q0 ? __ldg((const unsigned*)(p0 + 8)) : 0u;
+        qa[0][kk][3] = q1 ? __ldg((const unsigned*)(p0 + 8 * HD + 8)) : 0u;
     }
 #define QFRAG(mt, kk) qa[0][kk]
 #else
     // Q tile staged in shared memory (after the K/V buffers); A fragments via ldmatrix.
     unsigned short* sQ = sm + 2 * KBUF + 2 * VBUF;
-    load_rows(sQ, KS, Qg + (long long)m0 * HD, BLOCK_M, tid);
+    load_rows(sQ, KS, Qg + (long long)m0 * HD, BLOCK_M, Ln - m0, tid);
     const unsigned qoff = smem_addr(sQ) + (((warp * 16 * MT) + 8 * (mi & 1) + rr) * KS + 8 * (mi >> 1)) * 2;
 #endif
 #if KT
@@ -221,13 +238,14 @@ extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short*
     _Pragma("unroll") for (int mt = 0; mt < MT; mt++) {                                          \
         const int r0 = wfirst + 16 * mt + g;                                                     \
         const bool diag = causal && (n0 + BLOCK_N - 1 > wfirst + 16 * mt);                       \
+        const bool edge = diag || n0 + BLOCK_N > Ln;                                             \
+        /* keys from lim0 (row r0) and lim1 (row r0 + 8) on are masked: past the diagonal, past L */ \
+        const int lim0 = diag ? min(r0 + 1, Ln) : Ln, lim1 = diag ? min(r0 + 9, Ln) : Ln;        \
         _Pragma("unroll") for (int j = 0; j < BLOCK_N / 8; j++) {                                \
             _Pragma("unroll") for (int e = 0; e < 4; e++) {                                      \
                 float x = s[mt][j][e] * sc;                                                      \
-                if (diag) {                                                                      \
-                    int key = n0 + 8 * j + 2 * qd + (e & 1);                                     \
-                    if (key > r0 + ((e < 2) ? 0 : 8)) x = -INFINITY;                             \
-                }                                                                                \
+                const int key = n0 + 8 * j + 2 * qd + (e & 1);                                   \
+                x = (!edge || key < ((e < 2) ? lim0 : lim1)) ? x : -INFINITY;                    \
                 s[mt][j][e] = x;                                                                 \
             }                                                                                    \
         }                                                                                        \
@@ -235,15 +253,15 @@ extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short*
 
 #if !ONLINE
     // Pass 1: exact row max over all keys.
-    load_k(sK[0], Kg, tid);
+    load_k(sK[0], Kg, KVALID(0), tid);
     cp_commit();
     for (int t = 0; t < nt; t++) {
-        if (t + 1 < nt) load_k(sK[(t + 1) & 1], Kg + (long long)(t + 1) * BLOCK_N * HD, tid);
+        if (t + 1 < nt) load_k(sK[(t + 1) & 1], Kg + (long long)(t + 1) * BLOCK_N * HD, KVALID(t + 1), tid);
         cp_commit();
         cp_wait<1>();
         __syncthreads();
         const int n0 = t * BLOCK_N;
-        if (!(causal && n0 > wlast)) {
+        if (wlive && !(causal && n0 > wlast)) {
             COMPUTE_S(t & 1, n0)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -265,19 +283,19 @@ extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short*
         }
 #endif
 
-    load_k(sK[0], Kg, tid);
-    load_rows(sV[0], KS, Vg, BLOCK_N, tid);
+    load_k(sK[0], Kg, KVALID(0), tid);
+    load_rows(sV[0], KS, Vg, BLOCK_N, KVALID(0), tid);
     cp_commit();
     for (int t = 0; t < nt; t++) {
         if (t + 1 < nt) {
-            load_k(sK[(t + 1) & 1], Kg + (long long)(t + 1) * BLOCK_N * HD, tid);
-            load_rows(sV[(t + 1) & 1], KS, Vg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, tid);
+            load_k(sK[(t + 1) & 1], Kg + (long long)(t + 1) * BLOCK_N * HD, KVALID(t + 1), tid);
+            load_rows(sV[(t + 1) & 1], KS, Vg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, KVALID(t + 1), tid);
         }
         cp_commit();
         cp_wait<1>();
         __syncthreads();
         const int n0 = t * BLOCK_N;
-        if (!(causal && n0 > wlast)) {
+        if (wlive && !(causal && n0 > wlast)) {
             COMPUTE_S(t & 1, n0)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
@@ -353,22 +371,24 @@ extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short*
         l1 += __shfl_xor_sync(0xffffffff, l1, 2);
         const float i0 = 1.f / l0, i1 = 1.f / l1;
         const long long r0 = wfirst + 16 * mt + g;
+        const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
 #pragma unroll
         for (int jd = 0; jd < HD / 8; jd++) {
-            *(unsigned*)(Og + r0 * HD + jd * 8 + 2 * qd) = pack2(oacc[mt][jd][0] * i0, oacc[mt][jd][1] * i0);
-            *(unsigned*)(Og + (r0 + 8) * HD + jd * 8 + 2 * qd) = pack2(oacc[mt][jd][2] * i1, oacc[mt][jd][3] * i1);
+            if (ok0) *(unsigned*)(Og + r0 * HD + jd * 8 + 2 * qd) = pack2(oacc[mt][jd][0] * i0, oacc[mt][jd][1] * i0);
+            if (ok1) *(unsigned*)(Og + (r0 + 8) * HD + jd * 8 + 2 * qd) = pack2(oacc[mt][jd][2] * i1, oacc[mt][jd][3] * i1);
         }
     }
 #else
     // SIMT fallback: one thread per query row, NT rows per block, K/V tiles shared by the block.
     const int m0 = mb * NT;
     const int row = m0 + tid;
-    const int nt = causal ? (m0 + NT + BLOCK_N - 1) / BLOCK_N : (int)(L / BLOCK_N);
-    const unsigned* qrow = (const unsigned*)(q + bh * L * HD + (long long)row * HD);
+    const bool rok = row < Ln;
+    const int nt = causal ? min(ntk, (m0 + NT + BLOCK_N - 1) / BLOCK_N) : ntk;
+    const unsigned* qrow = (const unsigned*)(q + bh * L * HD + (long long)(rok ? row : 0) * HD);
     float qf[HD];
 #pragma unroll
     for (int d = 0; d < HD / 2; d++) {
-        unsigned w = __ldg(qrow + d);
+        unsigned w = rok ? __ldg(qrow + d) : 0u;
         qf[2 * d] = h2f((unsigned short)(w & 0xffff)) * sc;
         qf[2 * d + 1] = h2f((unsigned short)(w >> 16)) * sc;
     }
@@ -376,13 +396,13 @@ extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short*
 #pragma unroll
     for (int d = 0; d < HD; d++) acc[d] = 0.f;
     float m = -INFINITY, l = 0.f;
-    load_rows(sK[0], KS, Kg, BLOCK_N, tid);
-    load_rows(sV[0], KS, Vg, BLOCK_N, tid);
+    load_rows(sK[0], KS, Kg, BLOCK_N, KVALID(0), tid);
+    load_rows(sV[0], KS, Vg, BLOCK_N, KVALID(0), tid);
     cp_commit();
     for (int t = 0; t < nt; t++) {
         if (t + 1 < nt) {
-            load_rows(sK[(t + 1) & 1], KS, Kg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, tid);
-            load_rows(sV[(t + 1) & 1], KS, Vg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, tid);
+            load_rows(sK[(t + 1) & 1], KS, Kg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, KVALID(t + 1), tid);
+            load_rows(sV[(t + 1) & 1], KS, Vg + (long long)(t + 1) * BLOCK_N * HD, BLOCK_N, KVALID(t + 1), tid);
         }
         cp_commit();
         cp_wait<1>();
@@ -403,7 +423,7 @@ extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short*
                     a = fmaf(qf[2 * d + 1], h2f((unsigned short)(w >> 16)), a);
                 }
                 int key = t * BLOCK_N + j0 + jj;
-                if (causal && key > row) a = -INFINITY;
+                if ((causal && key > row) || key >= Ln) a = -INFINITY;
                 s[jj] = a;
                 tx = fmaxf(tx, a);
             }
@@ -430,7 +450,9 @@ extern "C" __global__ void __launch_bounds__(NT) attention(const unsigned short*
     }
     const float il = 1.f / l;
     unsigned* orow = (unsigned*)(o + bh * L * HD + (long long)row * HD);
+    if (rok) {
 #pragma unroll
-    for (int d = 0; d < HD / 2; d++) orow[d] = pack2(acc[2 * d] * il, acc[2 * d + 1] * il);
+        for (int d = 0; d < HD / 2; d++) orow[d] = pack2(acc[2 * d] * il, acc[2 * d + 1] * il);
+    }
 #endif
 }

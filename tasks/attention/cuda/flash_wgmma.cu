@@ -10,8 +10,13 @@
 // of tile t-1 runs on the tensor cores while the softmax of tile t runs on the other pipes (P of
 // the previous tile is kept in registers; O is rescaled once that product has landed). Causal
 // blocks skip key tiles past the diagonal, heavy blocks first.
+// Any L: the grid covers ceil(L / BLOCK_M) row blocks, rows and keys past L are zero-filled in
+// shared memory (cp.async with src-size 0), scores of keys past L are -inf, rows past L are not
+// stored. Grouped-query heads: query head h reads key/value head h / (H / Hkv) (k, v: [B, Hkv, L, D]).
+// HD = 96 is laid out as 128 columns (HDP): S = Q K^T takes 6 k-steps over the loaded columns,
+// O += P V runs at N = 128 over the padded V tile and the 32 padded output columns are dropped.
 //
-// Tunables: HD (== D), BLOCK_N (keys per tile: 64 or 128), NWG (warpgroups per block: 1 or 2),
+// Tunables: HD (== D: 64, 96 or 128), BLOCK_N (keys per tile: 64 or 128), NWG (warpgroups per block: 1 or 2),
 // STAGES (K/V buffers: 3 or 4), SWZ (1: 128-byte swizzled tiles; 0: the no-swizzle core-matrix
 // layout). Measured on the H200 (2026-12-02, every admitted configuration, 4x32x2048x128 f16):
 // SWZ=1 BLOCK_N=128 NWG=2 STAGES=3 0.617 ms (445 TFLOP/s), the best and the defaults; with SWZ=0
@@ -34,13 +39,14 @@
 #endif
 #define BLOCK_M (64 * NWG)
 #define NT (128 * NWG)
-#define TILE_BYTES (BLOCK_N * HD * 2)
-#define Q_BYTES (BLOCK_M * HD * 2)
+#define HDP ((HD + 63) / 64 * 64)  // columns of the shared-memory tiles and of the PV product
+#define TILE_BYTES (BLOCK_N * HDP * 2)
+#define Q_BYTES (BLOCK_M * HDP * 2)
 #if STAGES < 3
 #error "STAGES must be at least 3 (the PV product of tile t-1 still reads its buffer in iteration t)"
 #endif
-#if (BLOCK_N != 64 && BLOCK_N != 128) || (HD != 64 && HD != 128)
-#error "BLOCK_N and HD must be 64 or 128"
+#if (BLOCK_N != 64 && BLOCK_N != 128) || (HD != 64 && HD != 96 && HD != 128)
+#error "BLOCK_N must be 64 or 128, HD 64, 96 or 128"
 #endif
 
 #ifndef INFINITY
@@ -50,6 +56,10 @@
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp16(unsigned s, const void* g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
+}
+// 16 bytes, or 16 zero bytes when n == 0 (nothing is read from g then).
+__device__ __forceinline__ void cp16z(unsigned s, const void* g, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n) : "memory");
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -81,23 +91,24 @@ __device__ __forceinline__ unsigned long long mdesc(unsigned addr, unsigned lbo,
            ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | ((unsigned long long)SWZ << 62);
 }
 
-// Byte offset of the 16-byte chunk j (columns 8j..8j+7) of row r in a ROWS x HD tile.
-// SWZ=1, the 128-byte swizzle: the tile is HD / 64 column blocks of ROWS rows of 128 bytes
+// Byte offset of the 16-byte chunk j (columns 8j..8j+7) of row r in a ROWS x HDP tile.
+// SWZ=1, the 128-byte swizzle: the tile is HDP / 64 column blocks of ROWS rows of 128 bytes
 // (1024-byte atoms of 8 rows), chunk j % 8 of row r stored at slot (j % 8) ^ (r % 8), so that the
 // 8 rows of an atom spread every 16-byte column over all banks. SWZ=0, no swizzle: core matrix
-// (r / 8, j) at ((r / 8) * (HD / 8) + j) * 128, row r % 8 at +16 * (r % 8).
+// (r / 8, j) at ((r / 8) * (HDP / 8) + j) * 128, row r % 8 at +16 * (r % 8).
 template <int ROWS> __device__ __forceinline__ unsigned chunk_off(int r, int j) {
 #if SWZ
     return (j >> 3) * (ROWS * 128) + r * 128 + (((j & 7) ^ (r & 7)) << 4);
 #else
-    return ((r >> 3) * (HD / 8) + j) * 128 + (r & 7) * 16;
+    return ((r >> 3) * (HDP / 8) + j) * 128 + (r & 7) * 16;
 #endif
 }
 
-// Copy a ROWS x HD tile (global row stride HD) into the layout above with 16-byte cp.async.
+// Copy a ROWS x HD tile (global row stride HD) into the layout above with 16-byte cp.async;
+// rows from `valid` on are zero-filled (nothing past them is read).
 // SWZ=1: consecutive threads take consecutive chunks of a row (coalesced, conflict-free writes);
 // SWZ=0: a warp takes 4 chunks of 8 rows (64 contiguous bytes per row), writing 512 contiguous bytes.
-template <int ROWS> __device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* src, int tid) {
+template <int ROWS> __device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* src, int valid, int tid) {
     static_assert((ROWS * (HD / 8)) % NT == 0, "tile chunks must divide evenly over the block");
 #pragma unroll
     for (int i = 0; i < ROWS * (HD / 8) / NT; i++) {
@@ -105,9 +116,10 @@ template <int ROWS> __device__ __forceinline__ void load_tile(unsigned dst, cons
 #if SWZ
         const int row = c / (HD / 8), j = c % (HD / 8);
 #else
-        const int row = (c / HD) * 8 + (c & 7), j = (c >> 3) & (HD / 8 - 1);
+        const int row = (c / HD) * 8 + (c & 7), j = (c % HD) >> 3;
 #endif
-        cp16(dst + chunk_off<ROWS>(row, j), src + (long long)row * HD + j * 8);
+        const bool ok = row < valid;
+        cp16z(dst + chunk_off<ROWS>(row, j), src + (ok ? (long long)row * HD + j * 8 : 0), ok ? 16 : 0);
     }
 }
 // ---- generated wrappers: S = Q K^T (both operands K-major in shared memory), O += P V (P from
@@ -145,7 +157,7 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 // 32 bytes inside the 128-byte rows, a 64-column block moves ROWS * 128), MN-major V (LBO
 // BLOCK_N * 128 between 64-column blocks of the head dimension, SBO 1024 between 8-key groups;
 // a k-step of 16 keys moves 2048). SWZ=0: K-major LBO 128 (the two 8-column halves of a k-step),
-// SBO HD * 16 (8-row groups); MN-major LBO HD * 16 (8-key groups), SBO 128 (8-column groups).
+// SBO HDP * 16 (8-row groups); MN-major LBO HDP * 16 (8-key groups), SBO 128 (8-column groups).
 #if SWZ
 #define KM_LBO 16
 #define KM_SBO 1024
@@ -157,13 +169,13 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 #define Q_WG(wg) ((wg) * 64 * 128)
 #else
 #define KM_LBO 128
-#define KM_SBO (HD * 16)
-#define MN_LBO (HD * 16)
+#define KM_SBO (HDP * 16)
+#define MN_LBO (HDP * 16)
 #define MN_SBO 128
 #define Q_KSTEP(kk) ((kk) * 256)
 #define K_KSTEP(kk) ((kk) * 256)
-#define V_KSTEP(kk) ((kk) * (HD * 32))
-#define Q_WG(wg) ((wg) * 64 * HD * 2)
+#define V_KSTEP(kk) ((kk) * (HDP * 32))
+#define Q_WG(wg) ((wg) * 64 * HDP * 2)
 #endif
 
 #if BLOCK_N == 128
@@ -171,7 +183,7 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 #else
 #define WGMMA_S wgmma_ss_n64
 #endif
-#if HD == 128
+#if HDP == 128
 #define WGMMA_O wgmma_rs_n128_tb
 #else
 #define WGMMA_O wgmma_rs_n64_tb
@@ -181,37 +193,41 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                                                               const unsigned short* __restrict__ k,
                                                               const unsigned short* __restrict__ v,
                                                               unsigned short* __restrict__ o, long long B, long long H,
-                                                              long long L, long long D, long long causal) {
+                                                              long long Hkv, long long L, long long D, long long causal) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
     const unsigned sKV = sQ + Q_BYTES;  // stage s: K at sKV + 2 * s * TILE_BYTES, V at + TILE_BYTES
     const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     const long long bh = blockIdx.y;
+    const long long kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);  // the key/value head of this query head
+    const int Ln = (int)L;
     const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int m0 = mb * BLOCK_M;
     const int wrow0 = m0 + 64 * wg;        // first query row of this warpgroup
     const int r0 = wrow0 + 16 * warp + g;  // this thread's rows: r0 and r0 + 8
-    const unsigned short* Kg = k + bh * L * HD;
-    const unsigned short* Vg = v + bh * L * HD;
-    const int nt = causal ? (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N : (int)(L / BLOCK_N);
+    const unsigned short* Kg = k + kvh * L * HD;
+    const unsigned short* Vg = v + kvh * L * HD;
+    const int ntk = (Ln + BLOCK_N - 1) / BLOCK_N;  // key tiles; the last one may be partial
+    const int nt = causal ? min(ntk, (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N) : ntk;
     const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
 
     // Q (joins the first group) and the first STAGES - 2 key/value tiles.
-    load_tile<BLOCK_M>(sQ, q + bh * L * HD + (long long)m0 * HD, tid);
+    load_tile<BLOCK_M>(sQ, q + bh * L * HD + (long long)m0 * HD, Ln - m0, tid);
 #pragma unroll
     for (int st = 0; st < STAGES - 2; st++) {
         if (st < nt) {
-            load_tile<BLOCK_N>(sKV + 2 * st * TILE_BYTES, Kg + (long long)st * BLOCK_N * HD, tid);
-            load_tile<BLOCK_N>(sKV + 2 * st * TILE_BYTES + TILE_BYTES, Vg + (long long)st * BLOCK_N * HD, tid);
+            const int kv = min(BLOCK_N, Ln - st * BLOCK_N);
+            load_tile<BLOCK_N>(sKV + 2 * st * TILE_BYTES, Kg + (long long)st * BLOCK_N * HD, kv, tid);
+            load_tile<BLOCK_N>(sKV + 2 * st * TILE_BYTES + TILE_BYTES, Vg + (long long)st * BLOCK_N * HD, kv, tid);
         }
         cp_commit();
     }
 
     // This warpgroup's 64 rows of Q (descriptor strides above).
     const unsigned qbase = sQ + Q_WG(wg);
-    float oacc[HD / 2];
+    float oacc[HDP / 2];
 #pragma unroll
-    for (int i = 0; i < HD / 2; i++) oacc[i] = 0.f;
+    for (int i = 0; i < HDP / 2; i++) oacc[i] = 0.f;
     float s[BLOCK_N / 2];
     unsigned pprev[BLOCK_N / 4];
 #pragma unroll
@@ -228,8 +244,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         const int tl = t + STAGES - 2;  // its buffer was last read in iteration t - 1
         if (tl < nt) {
             const unsigned b = sKV + 2 * (tl % STAGES) * TILE_BYTES;
-            load_tile<BLOCK_N>(b, Kg + (long long)tl * BLOCK_N * HD, tid);
-            load_tile<BLOCK_N>(b + TILE_BYTES, Vg + (long long)tl * BLOCK_N * HD, tid);
+            const int kv = min(BLOCK_N, Ln - tl * BLOCK_N);
+            load_tile<BLOCK_N>(b, Kg + (long long)tl * BLOCK_N * HD, kv, tid);
+            load_tile<BLOCK_N>(b + TILE_BYTES, Vg + (long long)tl * BLOCK_N * HD, kv, tid);
         }
         cp_commit();
     };
@@ -252,12 +269,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     auto softmax = [&](int t) {
         const int n0 = t * BLOCK_N;
         // s[4c + e]: row r0 + 8 * (e >> 1), key n0 + 8c + 2qd + (e & 1).
-        if (causal && n0 + BLOCK_N - 1 > wrow0 + 16 * warp) {
+        // Keys from lim0 (row r0) and lim1 (row r0 + 8) on are masked: past the diagonal, past L.
+        const bool diag = causal && n0 + BLOCK_N - 1 > wrow0 + 16 * warp;
+        if (diag || n0 + BLOCK_N > Ln) {
+            const int lim0 = diag ? min(r0 + 1, Ln) : Ln, lim1 = diag ? min(r0 + 9, Ln) : Ln;
 #pragma unroll
             for (int c = 0; c < BLOCK_N / 8; c++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    if (n0 + 8 * c + 2 * qd + (e & 1) > r0 + 8 * (e >> 1)) s[4 * c + e] = -INFINITY;
+                    s[4 * c + e] = n0 + 8 * c + 2 * qd + (e & 1) < ((e >> 1) ? lim1 : lim0) ? s[4 * c + e] : -INFINITY;
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -308,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     pack_p();
     for (int t = 1; t < nt; t++) {
         wait_tile(t);
-        pin<HD / 2>(oacc);
+        pin<HDP / 2>(oacc);
         pin<BLOCK_N / 4>(pprev);
         wg_fence();
         issue_s(t);                    // S of tile t ...
@@ -317,9 +337,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         pin<BLOCK_N / 2>(s);
         softmax(t);
         wg_wait<0>();                  // the PV product of tile t - 1 has landed in oacc
-        pin<HD / 2>(oacc);
+        pin<HDP / 2>(oacc);
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
+        for (int j = 0; j < HDP / 8; j++) {
             oacc[4 * j] *= al0;
             oacc[4 * j + 1] *= al0;
             oacc[4 * j + 2] *= al1;
@@ -327,21 +347,22 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         }
         pack_p();
     }
-    pin<HD / 2>(oacc);
+    pin<HDP / 2>(oacc);
     pin<BLOCK_N / 4>(pprev);
     wg_fence();
     issue_pv((nt - 1) % STAGES);
     wg_wait<0>();
-    pin<HD / 2>(oacc);
+    pin<HDP / 2>(oacc);
     lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 1);
     lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 2);
     lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
     lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 2);
     const float i0 = 1.f / lrow0, i1 = 1.f / lrow1;
     unsigned short* Og = o + bh * L * HD;
+    const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) {
-        *(unsigned*)(Og + (long long)r0 * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
-        *(unsigned*)(Og + (long long)(r0 + 8) * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
+        if (ok0) *(unsigned*)(Og + (long long)r0 * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
+        if (ok1) *(unsigned*)(Og + (long long)(r0 + 8) * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
     }
 }

@@ -1,6 +1,7 @@
 // Seed: one block per query row. Scores for the whole row in shared memory (L floats),
 // block-wide max and sum, then each thread accumulates some output dimensions.
 // f16 in/out (raw 16-bit words, converted with PTX cvt), f32 arithmetic. No headers.
+// Grouped-query heads: query head h reads key/value head h / (H / Hkv) (k, v: [B, Hkv, L, D]).
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
@@ -25,15 +26,16 @@ __device__ float block_reduce(float v, float* red, bool is_max) {
 }
 
 extern "C" __global__ void attention(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                                     unsigned short* o, long long B, long long H, long long L, long long D,
-                                     long long causal) {
+                                     unsigned short* o, long long B, long long H, long long Hkv, long long L,
+                                     long long D, long long causal) {
     extern __shared__ float sc[];  // L scores
     __shared__ float red[NT];
     long long row = blockIdx.x;    // (b*H + h)*L + i
     long long bh = row / L, i = row % L;
+    long long kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);
     const unsigned short* qi = q + row * D;
-    const unsigned short* K = k + bh * L * D;
-    const unsigned short* V = v + bh * L * D;
+    const unsigned short* K = k + kvh * L * D;
+    const unsigned short* V = v + kvh * L * D;
     long long n = causal ? i + 1 : L;
     float scale = 1.0f / sqrtf((float)D);
     float mx = -INFINITY;

@@ -16,6 +16,9 @@
 // KT = 0 stores it key-major and loads with simdgroup_load's transpose flag.
 // Threadgroup memory: 4 * (K tile + V tile + NSG * 8 * BK + NSG * 64) bytes; the Q tile at the
 // start and the O tile at the end reuse the K/V space. Tunables: BK, NSG, KT.
+// Any L: ceil(L / BQ) threadgroups per head, rows and keys past L are zero in threadgroup memory,
+// scores of keys past L are -inf, rows past L are not stored. Grouped-query heads: query head h
+// reads key/value head h / (H / Hkv) (k, v: [B, Hkv, L, D]).
 
 // @kernel attention
 constexpr int BQ = 8 * NSG;
@@ -25,7 +28,9 @@ constexpr int KS = KT ? BK + 4 : D + 4;         // K tile row stride: [d][key] o
 constexpr int KSZ = KT ? D * KS : BK * KS;
 constexpr int VSZ = BK * VS;
 constexpr int TOT = KSZ + VSZ + NSG * 8 * BK + NSG * 64;
-static_assert(D % 8 == 0 && BK % 8 == 0 && L % BK == 0 && L % BQ == 0, "tile shape");
+static_assert(D % 8 == 0 && BK % 8 == 0 && H % Hkv == 0, "tile shape, head groups");
+constexpr int NTK = (L + BK - 1) / BK;  // key tiles; the last one may be partial
+constexpr int NQB = (L + BQ - 1) / BQ;  // query tiles
 static_assert(BQ * D <= KSZ + VSZ, "the Q and O tiles reuse the K/V space");
 threadgroup float tgm[TOT];
 threadgroup float* Ks = tgm;
@@ -37,17 +42,19 @@ const uint sg = simdgroup_index_in_threadgroup;
 threadgroup float* Ss = tgm + KSZ + VSZ + sg * 8 * BK;    // this SIMD-group's S/P scratch, [8][BK]
 threadgroup float* Dg = tgm + KSZ + VSZ + NSG * 8 * BK + sg * 64;  // its 8x8 diagonal
 const uint bh = threadgroup_position_in_grid.y;
-const int mb = causal ? int(L / BQ) - 1 - int(threadgroup_position_in_grid.x) : int(threadgroup_position_in_grid.x);
+const uint kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);  // the key/value head of this query head
+const int mb = causal ? NQB - 1 - int(threadgroup_position_in_grid.x) : int(threadgroup_position_in_grid.x);
 const int m0 = mb * BQ;                  // first query row of the threadgroup
 const int r0 = m0 + int(sg) * 8;         // first query row of this SIMD-group
-const int nt = causal ? (m0 + BQ + BK - 1) / BK : L / BK;
+const int nt = causal ? min(NTK, (m0 + BQ + BK - 1) / BK) : NTK;
 const ulong base = ulong(bh) * L * D;
+const ulong kvbase = ulong(kvh) * L * D;
 const float sc = M_LOG2E_F * metal::rsqrt(float(D));
 
-// Q tile (scaled, f32) -> registers
+// Q tile (scaled, f32) -> registers; rows past L are zero
 for (int e = int(tid); e < BQ * D / 4; e += NT) {
     const int r = e / (D / 4), c = (e % (D / 4)) * 4;
-    const float4 w = float4(*reinterpret_cast<const device half4*>(q + base + ulong(m0 + r) * D + c)) * sc;
+    const float4 w = m0 + r < L ? float4(*reinterpret_cast<const device half4*>(q + base + ulong(m0 + r) * D + c)) * sc : float4(0.0f);
     Qs[r * D + c] = w.x; Qs[r * D + c + 1] = w.y; Qs[r * D + c + 2] = w.z; Qs[r * D + c + 3] = w.w;
 }
 threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -66,12 +73,13 @@ float mrow = -INFINITY, lpart = 0.0f;
 
 for (int t = 0; t < nt; t++) {
     const int n0 = t * BK;
-    // K/V tile of BK keys -> f32 threadgroup memory (half4 device loads)
+    // K/V tile of BK keys -> f32 threadgroup memory (half4 device loads; keys past L are zero)
     for (int e = int(tid); e < BK * D / 4; e += NT) {
         const int r = e / (D / 4), c = (e % (D / 4)) * 4;
-        const ulong g = base + ulong(n0 + r) * D + c;
-        const float4 kv = float4(*reinterpret_cast<const device half4*>(k + g));
-        const float4 vv = float4(*reinterpret_cast<const device half4*>(v + g));
+        const bool ok = n0 + r < L;
+        const ulong g = kvbase + ulong(ok ? n0 + r : 0) * D + c;
+        const float4 kv = ok ? float4(*reinterpret_cast<const device half4*>(k + g)) : float4(0.0f);
+        const float4 vv = ok ? float4(*reinterpret_cast<const device half4*>(v + g)) : float4(0.0f);
         if (KT) {
             Ks[c * KS + r] = kv.x; Ks[(c + 1) * KS + r] = kv.y; Ks[(c + 2) * KS + r] = kv.z; Ks[(c + 3) * KS + r] = kv.w;
         } else {
@@ -80,7 +88,7 @@ for (int t = 0; t < nt; t++) {
         Vs[r * VS + c] = vv.x; Vs[r * VS + c + 1] = vv.y; Vs[r * VS + c + 2] = vv.z; Vs[r * VS + c + 3] = vv.w;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (!(causal && n0 > r0 + 7)) {  // uniform per SIMD-group
+    if (r0 < L && !(causal && n0 > r0 + 7)) {  // uniform per SIMD-group
         // S = Q K^T, one 8x8 block per 8 keys
         for (int kb = 0; kb < BK / 8; kb++) {
             simdgroup_float8x8 sacc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
@@ -98,10 +106,11 @@ for (int t = 0; t < nt; t++) {
         float sv[CPL];
         float tmax = -INFINITY;
         const bool diag = causal && (n0 + BK - 1 > r0);
+        const bool tail = n0 + BK > L;
         for (int j = 0; j < CPL; j++) {
             const int col = quarter * CPL + j;
             float s = Ss[row * BK + col];
-            if (diag && n0 + col > r0 + row) s = -INFINITY;
+            if ((diag && n0 + col > r0 + row) || (tail && n0 + col >= L)) s = -INFINITY;
             sv[j] = s;
             tmax = max(tmax, s);
         }
@@ -156,7 +165,7 @@ float lrow = lpart + simd_shuffle_xor(lpart, ushort(1));
 lrow += simd_shuffle_xor(lrow, ushort(2));
 const float inv = 1.0f / lrow;
 device half* orow = o + base + ulong(r0 + row) * D;
-for (int c = quarter * 4; c < D; c += 16) {  // the 4 lanes of a row write 32 contiguous bytes
+for (int c = quarter * 4; c < D && r0 + row < L; c += 16) {  // the 4 lanes of a row write 32 contiguous bytes
     const float4 w = float4(Os[row * D + c], Os[row * D + c + 1], Os[row * D + c + 2], Os[row * D + c + 3]) * inv;
     *reinterpret_cast<device half4*>(orow + c) = half4(w);
 }

@@ -1,6 +1,7 @@
 // Seed (MLX Metal dialect): one threadgroup of 128 threads per query row. All scores of the row in
 // threadgroup memory (L floats: L <= 7936 keeps it within 32 KB), threadgroup max and sum, exp,
-// then each thread accumulates some output dimensions. f32 arithmetic.
+// then each thread accumulates some output dimensions. f32 arithmetic. Grouped-query heads: query
+// head h reads key/value head h / (H / Hkv) (k, v: [B, Hkv, L, D]).
 
 // Threadgroup-wide max (is_max) or sum through red[NT]; every thread gets the result.
 template <int NT> inline float ks_tg_reduce(float x, threadgroup float* red, uint tid, bool is_max) {
@@ -23,12 +24,13 @@ const uint rowi = threadgroup_position_in_grid.x;  // (b * H + h) * L + i
 const uint tid = thread_position_in_threadgroup.x;
 if (rowi >= uint(B * H * L)) return;  // uniform per threadgroup
 const uint bh = rowi / L, i = rowi % L;
+const uint kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);
 const uint nk = causal ? i + 1 : uint(L);
 const float scale = metal::rsqrt(float(D));
 float mx = -INFINITY;
 for (uint j = tid; j < nk; j += NT) {
     float s = 0.0f;
-    for (int d = 0; d < D; d++) s += float(q[ulong(rowi) * D + d]) * float(k[(ulong(bh) * L + j) * D + d]);
+    for (int d = 0; d < D; d++) s += float(q[ulong(rowi) * D + d]) * float(k[(ulong(kvh) * L + j) * D + d]);
     s *= scale;
     scores[j] = s;
     mx = max(mx, s);
@@ -44,6 +46,6 @@ sum = ks_tg_reduce<NT>(sum, red, tid, false);
 const float inv = 1.0f / sum;
 for (uint d = tid; d < uint(D); d += NT) {
     float acc = 0.0f;
-    for (uint j = 0; j < nk; j++) acc += scores[j] * float(v[(ulong(bh) * L + j) * D + d]);
+    for (uint j = 0; j < nk; j++) acc += scores[j] * float(v[(ulong(kvh) * L + j) * D + d]);
     o[ulong(rowi) * D + d] = acc * inv;
 }
