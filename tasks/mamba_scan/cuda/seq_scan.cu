@@ -14,9 +14,13 @@
 // which keeps shuffles and their latency out of the recurrence loop. The final states are
 // written from the registers.
 //
+// Any L and any D that is a multiple of 8 (16-byte rows): the last chunk's steps past L and the
+// last block's channels past D are zero-filled in shared memory (cp.async with src-size 0). A
+// zero step leaves the state unchanged (exp2(0 * A) = 1, delta * u * Bm = 0), so the final state
+// is exact; y and the state are not stored past L and D.
+//
 // Tunables: NS (== N), SPT (states per lane: 1, 2 or 4), CB (channels per block), CHUNK (steps
 // staged per shared-memory tile), RED (0: shuffle reduce-scatter, 1: shared-memory partial sums).
-// Needs D % CB == 0 and L % CHUNK == 0.
 #ifndef NS
 #define NS 16
 #endif
@@ -49,6 +53,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)
 __device__ __forceinline__ void cp16(void* s, const void* g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s)), "l"(g) : "memory");
 }
+// 16 bytes, or 16 zero bytes when n == 0 (nothing is read from g then).
+__device__ __forceinline__ void cp16z(void* s, const void* g, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
@@ -69,18 +77,22 @@ struct __align__(16) Smem {
 };
 
 // 16-byte copies of one chunk's rows: CHUNK * CB * 2 / 16 per tensor for delta and u, CHUNK * NS * 2 / 16
-// for Bm and Cm (contiguous over steps).
+// for Bm and Cm (contiguous over steps). Steps from `nt` on and channels from `nc` on are zeros.
 __device__ __forceinline__ void load_chunk(Raw& r, const unsigned short* dl, const unsigned short* uu,
-                                           const unsigned short* bm, const unsigned short* cm, long long D, int tid) {
+                                           const unsigned short* bm, const unsigned short* cm, long long D, int nt,
+                                           int nc, int tid) {
     constexpr int RC = CB / 8;  // 16-byte pieces per row of CB halves
     for (int i = tid; i < CHUNK * RC; i += NTH) {
         const int t = i / RC, p = i % RC;
-        cp16(&r.dl[t][8 * p], dl + (long long)t * D + 8 * p);
-        cp16(&r.uu[t][8 * p], uu + (long long)t * D + 8 * p);
+        const bool ok = t < nt && 8 * p < nc;
+        const long long x = ok ? (long long)t * D + 8 * p : 0;
+        cp16z(&r.dl[t][8 * p], dl + x, ok ? 16 : 0);
+        cp16z(&r.uu[t][8 * p], uu + x, ok ? 16 : 0);
     }
     for (int i = tid; i < CHUNK * NS / 8; i += NTH) {
-        cp16(&r.bm[0][0] + 8 * i, bm + 8 * i);
-        cp16(&r.cm[0][0] + 8 * i, cm + 8 * i);
+        const bool ok = 8 * i < nt * NS;
+        cp16z(&r.bm[0][0] + 8 * i, bm + (ok ? 8 * i : 0), ok ? 16 : 0);
+        cp16z(&r.cm[0][0] + 8 * i, cm + (ok ? 8 * i : 0), ok ? 16 : 0);
     }
 }
 
@@ -95,6 +107,8 @@ extern "C" __global__ void __launch_bounds__(NTH) mamba_scan(
     const long long b = blockIdx.y;
     const long long d0 = (long long)blockIdx.x * CB;
     const long long d = d0 + cl;
+    const bool dok = d < D;
+    const int nc = (int)min((long long)CB, D - d0);  // channels of this block before D
     const unsigned short* dlg = delta + b * L * D + d0;
     const unsigned short* ug = u + b * L * D + d0;
     const unsigned short* bg = Bm + b * L * NS;
@@ -104,14 +118,16 @@ extern "C" __global__ void __launch_bounds__(NTH) mamba_scan(
     float a2[SPT], h[SPT];
 #pragma unroll
     for (int j = 0; j < SPT; j++) {
-        a2[j] = A[d * NS + sg * SPT + j] * LOG2E;
+        a2[j] = dok ? A[d * NS + sg * SPT + j] * LOG2E : 0.f;
         h[j] = 0.f;
     }
     // Dv of the channel this thread converts in the staging pass (channel index tid % CB).
-    const float dv_conv = Dv[d0 + tid % CB];
+    const float dv_conv = tid % CB < nc ? Dv[d0 + tid % CB] : 0.f;
 
-    const int nch = (int)(L / CHUNK);
-    load_chunk(sm.raw[0], dlg, ug, bg, cg, D, tid);
+    const int Ln = (int)L;
+    const int nch = (Ln + CHUNK - 1) / CHUNK;  // the last chunk may be partial
+#define STEPS(k) min(CHUNK, Ln - (k) * CHUNK)
+    load_chunk(sm.raw[0], dlg, ug, bg, cg, D, STEPS(0), nc, tid);
     cp_commit();
     for (int k = 0; k < nch; k++) {
         cp_wait0();
@@ -121,12 +137,14 @@ extern "C" __global__ void __launch_bounds__(NTH) mamba_scan(
             constexpr int RC = CB / 8;
             for (int i = tid; i < CHUNK * RC; i += NTH) {
                 const int t = i / RC, p = i % RC;
-                *(uint4*)(yg + (long long)((k - 1) * CHUNK + t) * D + 8 * p) = *(const uint4*)&sm.y[t][8 * p];
+                if (8 * p < nc)  // chunk k - 1 is a full one
+                    *(uint4*)(yg + (long long)((k - 1) * CHUNK + t) * D + 8 * p) = *(const uint4*)&sm.y[t][8 * p];
             }
         }
         if (k + 1 < nch) {
             const long long t1 = (long long)(k + 1) * CHUNK;
-            load_chunk(sm.raw[(k + 1) & 1], dlg + t1 * D, ug + t1 * D, bg + t1 * NS, cg + t1 * NS, D, tid);
+            load_chunk(sm.raw[(k + 1) & 1], dlg + t1 * D, ug + t1 * D, bg + t1 * NS, cg + t1 * NS, D, STEPS(k + 1), nc,
+                       tid);
         }
         cp_commit();
         const Raw& r = sm.raw[k & 1];
@@ -228,11 +246,15 @@ extern "C" __global__ void __launch_bounds__(NTH) mamba_scan(
     __syncthreads();
     {
         constexpr int RC = CB / 8;
+        const int nt = STEPS(nch - 1);
         for (int i = tid; i < CHUNK * RC; i += NTH) {
             const int t = i / RC, p = i % RC;
-            *(uint4*)(yg + (long long)((nch - 1) * CHUNK + t) * D + 8 * p) = *(const uint4*)&sm.y[t][8 * p];
+            if (t < nt && 8 * p < nc)
+                *(uint4*)(yg + (long long)((nch - 1) * CHUNK + t) * D + 8 * p) = *(const uint4*)&sm.y[t][8 * p];
         }
     }
+    if (dok) {
 #pragma unroll
-    for (int j = 0; j < SPT; j++) state[(b * D + d) * NS + sg * SPT + j] = h[j];
+        for (int j = 0; j < SPT; j++) state[(b * D + d) * NS + sg * SPT + j] = h[j];
+    }
 }
