@@ -1,14 +1,16 @@
 """Peers for ksearch's best CUDA kernels, measured in the same call on the GPU machine.
 
 Reads the final reports of ksearch runs (`ksearch best N --json`) and, for the same shapes,
-times what a user would otherwise pick: PyTorch SDPA (its default back-end) for attention, the
-sequential PyTorch reference for the Mamba-1 scan, and computes bandwidth fractions for the
-decode step. Prints a short table last.
+times what a user would otherwise pick: PyTorch SDPA (its default back-end; grouped-query heads
+through enable_gqa) for attention, mamba_ssm's selective-scan forward for the Mamba-1 scan (built
+from KS_MAMBA_PEER, default .peer/mamba_ssm, when present; else the sequential PyTorch
+reference), and computes bandwidth fractions for the decode step. Prints a short table last.
 
     python3 bench/peers.py report1.json report2.json ...
 """
 import json
 import math
+import os
 import sys
 import tomllib
 
@@ -49,9 +51,30 @@ def parse_label(label):
 
 def sdpa_us(w):
     B, H, L, D = w["B"], w["H"], w["L"], w["D"]
-    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.float16) for _ in range(3))
-    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(w["causal"]))
+    Hkv = w.get("Hkv", H)
+    q = torch.randn(B, H, L, D, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(B, Hkv, L, D, device="cuda", dtype=torch.float16) for _ in range(2))
+    f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(w["causal"]),
+                                                                 enable_gqa=Hkv != H)
     return events_median(f)
+
+
+_PEER = None
+
+
+def mamba_ssm_us(w):
+    """mamba_ssm's selective-scan forward on its native layout, or None when its sources are absent."""
+    global _PEER
+    if _PEER is None:
+        d = os.environ.get("KS_MAMBA_PEER", ".peer/mamba_ssm")
+        _PEER = False
+        if os.path.exists(os.path.join(d, "peer.py")):
+            sys.path.insert(0, d)
+            import peer
+            _PEER = (peer, peer.build())
+    if not _PEER:
+        return None
+    return _PEER[0].time_us(_PEER[1], w["batch"], w["L"], w["D"], w["N"])
 
 
 def scan_sequential_us(w):
@@ -104,9 +127,11 @@ def main(paths):
                 rows.append((rep["task"], label, seed_us, best_us, "torch SDPA", peer, peer / best_us,
                              f"{flops / best_us / 1e6:.0f} TFLOP/s"))
             elif rep["task"] == "mamba_scan":
-                peer = scan_sequential_us(w)
+                peer, name = mamba_ssm_us(w), "mamba_ssm"
+                if peer is None:
+                    peer, name = scan_sequential_us(w), "torch sequential"
                 exp_floor = w["batch"] * w["L"] * w["D"] * w["N"] / 4e12 * 1e6
-                rows.append((rep["task"], label, seed_us, best_us, "torch sequential", peer, peer / best_us,
+                rows.append((rep["task"], label, seed_us, best_us, name, peer, peer / best_us,
                              f"floor {max(floor, exp_floor):.1f} us"))
             else:
                 bw = tensor_bytes(task, w) / (best_us * 1e-6) / 1e12
