@@ -229,11 +229,30 @@ impl Store {
             source: e,
         })?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
         let mut s = Store { conn };
-        s.migrate(&p)?;
+        // Switching a new file to WAL and migrating it can meet another process doing the same;
+        // SQLite then answers "busy" without waiting: try again for a while.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let r = s
+                .conn
+                .pragma_update(None, "journal_mode", "WAL")
+                .map_err(StoreError::from)
+                .and_then(|_| s.migrate(&p));
+            match r {
+                Err(StoreError::Sql(rusqlite::Error::SqliteFailure(e, _)))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => {
+                    r?;
+                    break;
+                }
+            }
+        }
+        s.conn.pragma_update(None, "synchronous", "FULL")?;
+        s.conn.pragma_update(None, "foreign_keys", "ON")?;
         Ok(s)
     }
 
@@ -250,8 +269,19 @@ impl Store {
                 known: SCHEMA_VERSION,
             });
         }
+        if v == SCHEMA_VERSION {
+            return Ok(());
+        }
+        // Two processes may open a new store at once: each step takes the write lock first
+        // (IMMEDIATE) and reads the version again under it, so a step is applied exactly once.
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(v as usize) {
-            let tx = self.conn.transaction()?;
+            let tx = self
+                .conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            if now > i as i64 {
+                continue;
+            }
             tx.execute_batch(sql)?;
             tx.pragma_update(None, "user_version", (i + 1) as i64)?;
             tx.commit()?;
@@ -779,6 +809,23 @@ mod tests {
     use super::*;
     use ksearch_core::protocol::{Failure, Lang, WorkloadResult};
     use std::collections::BTreeMap;
+
+    #[test]
+    fn processes_opening_a_new_store_at_once_both_succeed() {
+        for k in 0..10 {
+            let d = tempfile::tempdir().unwrap();
+            let p = d.path().join(format!("s{k}.db"));
+            let hs: Vec<_> = (0..3)
+                .map(|_| {
+                    let p = p.clone();
+                    std::thread::spawn(move || Store::open(&p).map(|s| s.schema_version().unwrap()))
+                })
+                .collect();
+            for h in hs {
+                assert_eq!(h.join().unwrap().unwrap(), SCHEMA_VERSION);
+            }
+        }
+    }
 
     #[test]
     fn round_trip_and_reopen() {
