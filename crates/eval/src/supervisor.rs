@@ -107,8 +107,10 @@ impl Supervisor {
 
     fn spawn(&mut self) -> Result<(), String> {
         let mut cmd = Command::new(&self.spec.program);
-        // The worker sees only the allow-listed environment (never a key), dies with the
-        // search process, and leads a process group of its own so it can be killed whole.
+        // The worker sees only the allow-listed environment (never a key) and leads a process
+        // group of its own so it can be killed whole. (It watches its parent itself, see
+        // `worker::serve`: a parent-death signal would fire when the *thread* that started it
+        // ends, and workers are restarted from the pool's short-lived threads.)
         cmd.args(&self.spec.args)
             .env_clear()
             .envs(crate::scrub::worker_env())
@@ -123,7 +125,6 @@ impl Supervisor {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(|| {
                 libc::setpgid(0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
                 Ok(())
             });
         }

@@ -34,8 +34,26 @@ fn send(out: &mut std::fs::File, r: &Reply) -> bool {
     }
 }
 
+/// End this process when the search process that started it is gone (re-parented), even while
+/// a kernel hangs: no worker outlives its search. Its runner, if any, follows through its own
+/// parent-death signal.
+fn watch_parent() {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            // SAFETY: as above; _exit ends the process at once.
+            if unsafe { libc::getppid() } != parent {
+                unsafe { libc::_exit(4) };
+            }
+        }
+    });
+}
+
 /// Serve requests until stdin closes or a `shutdown` arrives. Returns the exit code.
 pub fn serve(backend: &mut dyn Backend) -> i32 {
+    watch_parent();
     let mut out = protocol_channel();
     let hello = Reply::Hello {
         backend: backend.name().to_string(),
