@@ -24,6 +24,7 @@ def main():
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--ksearch", default=os.path.join(ROOT, "target/release/ksearch"))
     a = ap.parse_args()
+    a.ksearch = os.path.abspath(a.ksearch)
     with open(os.path.join(FIX, "hostile/expect.toml"), "rb") as f:
         expect = tomllib.load(f)[a.backend]
     d = tempfile.mkdtemp()

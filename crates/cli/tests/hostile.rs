@@ -193,7 +193,10 @@ fn kill_while_node_runs(child: &mut std::process::Child, store: &Path, attempt: 
     loop {
         if std::time::Instant::now() > deadline {
             let nodes = ksearch_store::Store::open(store).and_then(|s| s.nodes(1));
-            panic!("node 2 never ran for the {attempt}th time: {:?}", nodes.map(|v| v.iter().map(|n| (n.id, n.status, n.attempts)).collect::<Vec<_>>()));
+            panic!(
+                "node 2 never ran for the {attempt}th time: {:?}",
+                nodes.map(|v| v.iter().map(|n| (n.id, n.status, n.attempts)).collect::<Vec<_>>())
+            );
         }
         // Opened only once the run made it (two processes creating one store race on its
         // migrations).
@@ -238,7 +241,10 @@ fn a_node_that_twice_outlived_the_search_is_failed_on_resume() {
     kill_while_node_runs(&mut run, &store, 1);
     let mut again = spawn(&["resume", "1", "--run-timeout", "600s"]);
     kill_while_node_runs(&mut again, &store, 2);
-    let o = ks(d.path()).args(["--quiet", "resume", "1", "--run-timeout", "600s"]).output().unwrap();
+    let o = ks(d.path())
+        .args(["--quiet", "resume", "1", "--run-timeout", "600s"])
+        .output()
+        .unwrap();
     assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", text(&o));
     let s = ksearch_store::Store::open(&store).unwrap();
     let n2 = s.nodes(1).unwrap().into_iter().find(|n| n.id == 2).unwrap();

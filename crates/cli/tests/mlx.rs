@@ -145,11 +145,11 @@ fn mlx_references_match_the_host_f64_references_on_the_inputs_the_worker_drew() 
         ("rmsnorm", workload(&[("rows", 4), ("cols", 40)])),
         (
             "attention",
-            workload(&[("B", 1), ("H", 2), ("L", 9), ("D", 8), ("causal", 0)]),
+            workload(&[("B", 1), ("H", 2), ("Hkv", 2), ("L", 9), ("D", 8), ("causal", 0)]),
         ),
         (
             "attention",
-            workload(&[("B", 2), ("H", 1), ("L", 7), ("D", 16), ("causal", 1)]),
+            workload(&[("B", 2), ("H", 4), ("Hkv", 2), ("L", 7), ("D", 16), ("causal", 1)]),
         ),
         ("mamba_scan", workload(&[("batch", 2), ("L", 37), ("D", 6), ("N", 4)])),
         ("mamba_step", workload(&[("batch", 3), ("D", 5), ("N", 4)])),

@@ -950,10 +950,12 @@ impl CudaBackend {
             }
             "attention" => {
                 let (b, h, l, d) = (ax("B"), ax("H"), ax("L"), ax("D"));
-                if d > 256 || b * h > self.max_grid[1] {
+                // Grouped-query heads; a task without the axis has as many kv heads as heads.
+                let hkv = if ax("Hkv") > 0 { ax("Hkv") } else { h };
+                if d > 256 || b * h > self.max_grid[1] || hkv < 1 || h % hkv != 0 {
                     return Ok(None);
                 }
-                args.extend([Arg::I64(l), Arg::I64(d), Arg::I64(ax("causal"))]);
+                args.extend([Arg::I64(l), Arg::I64(d), Arg::I64(ax("causal")), Arg::I64(h), Arg::I64(hkv)]);
                 ((((l + 7) / 8) as u32, (b * h) as u32, 1), (256, 1, 1), 0)
             }
             _ => {

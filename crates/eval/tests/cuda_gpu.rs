@@ -169,9 +169,18 @@ fn device_references_match_host_references() {
         ("softmax", wl(&[("rows", 37), ("cols", 1000)])),
         ("softmax", wl(&[("rows", 3), ("cols", 5)])),
         ("rmsnorm", wl(&[("rows", 33), ("cols", 777)])),
-        ("attention", wl(&[("B", 2), ("H", 3), ("L", 70), ("D", 40), ("causal", 0)])),
-        ("attention", wl(&[("B", 1), ("H", 2), ("L", 65), ("D", 128), ("causal", 1)])),
-        ("attention", wl(&[("B", 1), ("H", 1), ("L", 33), ("D", 256), ("causal", 0)])),
+        (
+            "attention",
+            wl(&[("B", 2), ("H", 3), ("Hkv", 3), ("L", 70), ("D", 40), ("causal", 0)]),
+        ),
+        (
+            "attention",
+            wl(&[("B", 1), ("H", 2), ("Hkv", 1), ("L", 65), ("D", 128), ("causal", 1)]),
+        ),
+        (
+            "attention",
+            wl(&[("B", 1), ("H", 1), ("Hkv", 1), ("L", 33), ("D", 256), ("causal", 0)]),
+        ),
         ("mamba_scan", wl(&[("batch", 2), ("L", 50), ("D", 70), ("N", 16)])),
         ("mamba_scan", wl(&[("batch", 1), ("L", 31), ("D", 13), ("N", 8)])),
         ("mamba_step", wl(&[("batch", 3), ("D", 100), ("N", 16)])),
@@ -216,7 +225,7 @@ fn device_references_are_fast_at_scale() {
         ("mamba_scan", wl(&[("batch", 1), ("L", 4096), ("D", 2048), ("N", 16)])),
         (
             "attention",
-            wl(&[("B", 1), ("H", 16), ("L", 4096), ("D", 128), ("causal", 0)]),
+            wl(&[("B", 1), ("H", 16), ("Hkv", 4), ("L", 4096), ("D", 128), ("causal", 0)]),
         ),
         ("softmax", wl(&[("rows", 4096), ("cols", 8192)])),
     ] {
@@ -394,7 +403,11 @@ fn first_line(s: &str) -> &str {
 #[ignore]
 fn host_costs_at_scale() {
     let t = task("attention");
-    let r = wreq(&t, wl(&[("B", 4), ("H", 32), ("L", 2048), ("D", 128), ("causal", 0)]), 11);
+    let r = wreq(
+        &t,
+        wl(&[("B", 4), ("H", 32), ("Hkv", 8), ("L", 2048), ("D", 128), ("causal", 0)]),
+        11,
+    );
     let t0 = Instant::now();
     let inputs = make_inputs(&t, "cuda", &r).unwrap();
     let draw_s = t0.elapsed().as_secs_f64();
@@ -422,7 +435,10 @@ fn host_costs_at_scale() {
 #[test]
 fn parallel_inputs_match_make_inputs() {
     for (name, w) in [
-        ("attention", wl(&[("B", 1), ("H", 3), ("L", 130), ("D", 64), ("causal", 1)])),
+        (
+            "attention",
+            wl(&[("B", 1), ("H", 6), ("Hkv", 3), ("L", 130), ("D", 64), ("causal", 1)]),
+        ),
         ("mamba_scan", wl(&[("batch", 2), ("L", 77), ("D", 96), ("N", 16)])),
         ("mamba_step", wl(&[("batch", 3), ("D", 100), ("N", 16)])),
         ("softmax", wl(&[("rows", 33), ("cols", 1001)])),

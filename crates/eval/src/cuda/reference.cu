@@ -70,16 +70,19 @@ extern "C" __global__ void ksref_rmsnorm(const double* x, const double* w, doubl
     for (long long c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = (acc_t)xr[c] * inv * (acc_t)w[c];
 }
 
-// attention: q, k, v, o [B, H, L, D]. One warp per query row (b, h, i); 8 warps per block.
+// attention: q, o [B, H, L, D]; k, v [B, Hkv, L, D] (query head h reads kv head h / (H / Hkv)).
+// One warp per query row (b, h, i); 8 warps per block.
 // grid = (ceil(L / 8), B * H), block = 256. Two passes over the keys: the row maximum first,
 // then the exponentials, their sum and the weighted sum of v. D <= 32 * KSREF_MAXD_PER_LANE.
 #define KSREF_MAXD_PER_LANE 8
 extern "C" __global__ void ksref_attention(const double* q, const double* k, const double* v, double* o, long long L,
-                                           long long D, long long causal) {
+                                           long long D, long long causal, long long H, long long Hkv) {
     int lane = threadIdx.x & 31;
     long long i = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (i >= L) return;
     long long base = (long long)blockIdx.y * L * D;
+    long long bq = blockIdx.y / H, hq = blockIdx.y % H;
+    long long kvbase = (bq * Hkv + hq / (H / Hkv)) * L * D;
     const double* qi = q + base + i * D;
     acc_t qr[KSREF_MAXD_PER_LANE];
     acc_t acc[KSREF_MAXD_PER_LANE];
@@ -93,7 +96,7 @@ extern "C" __global__ void ksref_attention(const double* q, const double* k, con
     long long n = causal ? i + 1 : L;
     acc_t m = (acc_t)__longlong_as_double(0xfff0000000000000ULL);  // -inf
     for (long long j = 0; j < n; ++j) {
-        const double* kj = k + base + j * D;
+        const double* kj = k + kvbase + j * D;
         acc_t s = 0;
 #pragma unroll
         for (int t = 0; t < KSREF_MAXD_PER_LANE; ++t) {
@@ -105,8 +108,8 @@ extern "C" __global__ void ksref_attention(const double* q, const double* k, con
     }
     acc_t sum = 0;
     for (long long j = 0; j < n; ++j) {
-        const double* kj = k + base + j * D;
-        const double* vj = v + base + j * D;
+        const double* kj = k + kvbase + j * D;
+        const double* vj = v + kvbase + j * D;
         acc_t s = 0;
 #pragma unroll
         for (int t = 0; t < KSREF_MAXD_PER_LANE; ++t) {
