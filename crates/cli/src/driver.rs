@@ -92,35 +92,9 @@ pub fn mlx_worker_command() -> Result<(PathBuf, Vec<(String, String)>)> {
     Ok((PathBuf::from(python), env))
 }
 
-/// Names of the environment variables the configuration says hold keys (`api_key_env` at any
-/// depth of `[llm]`): their values are scrubbed from everything workers send back.
-fn key_variables(cfg: &RunConfig) -> Vec<String> {
-    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, x) in m {
-                    if k == "api_key_env"
-                        && let Some(s) = x.as_str()
-                    {
-                        out.push(s.to_string());
-                    }
-                    walk(x, out);
-                }
-            }
-            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    if let Some(v) = &cfg.llm {
-        walk(v, &mut out);
-    }
-    out
-}
-
 pub fn make_pool(cfg: &RunConfig) -> Result<Pool> {
     let pool = make_pool_inner(cfg)?;
-    let keys = key_variables(cfg);
+    let keys = crate::llm_planner::settings_keys(cfg.llm.as_ref());
     let mut pool = pool;
     if !keys.is_empty() {
         for w in &mut pool.workers {

@@ -203,6 +203,9 @@ pub struct LlmPlanner {
     stop: Option<String>,
     offline: Offline,
     quiet: bool,
+    /// Secret values (the keys named by `api_key_env`, and the environment's secrets): scrubbed
+    /// from every recorded prompt and reply and from every candidate a coder writes.
+    scrub: ksearch_eval::scrub::Scrubber,
 }
 
 impl LlmPlanner {
@@ -236,6 +239,7 @@ impl LlmPlanner {
             stop: None,
             offline: Offline::default(),
             quiet,
+            scrub: ksearch_eval::scrub::Scrubber::from_env(&settings_keys(cfg.llm.as_ref())),
         }
     }
 
@@ -322,21 +326,22 @@ impl LlmPlanner {
             Role::Planner => self.planner.model(),
             Role::Coder => self.coder.model(),
         };
+        let sc = |t: String| self.scrub.text(&t);
         let row = LlmCallRow {
             id: 0,
             node_id: node,
             round: ctx.round,
             role: role.name().to_string(),
             model: resp.map(|r| r.model.clone()).unwrap_or_else(|| model.to_string()),
-            prompt,
-            reply: resp.map(|r| r.content.clone()),
-            parsed,
+            prompt: sc(prompt),
+            reply: resp.map(|r| sc(r.content.clone())),
+            parsed: parsed.map(sc),
             prompt_tokens: resp.map(|r| r.usage.prompt_tokens).unwrap_or(0),
             completion_tokens: resp.map(|r| r.usage.completion_tokens).unwrap_or(0),
             cost_usd: resp.map(|r| r.cost_usd).unwrap_or(0.0),
             latency_s: resp.map(|r| r.latency_s).unwrap_or(0.0),
             attempts: resp.map(|r| r.attempts).unwrap_or(0),
-            error,
+            error: error.map(sc),
             created_at: String::new(),
         };
         if let Err(e) = store.insert_llm_call(ctx.run_id, &row) {
@@ -569,7 +574,7 @@ impl LlmPlanner {
         })?;
         Ok(Written {
             kernel: LLM_KERNEL.to_string(),
-            candidate: with_source(&base, source),
+            candidate: with_source(&base, self.scrub.text(&source)),
         })
     }
 
@@ -1087,6 +1092,31 @@ pub fn failure_log(r: &EvalReply) -> String {
 
 /// The parent's candidate with a new source. Defines the new source `#define`s itself are
 /// dropped from the candidate's defines, so that the source decides them.
+/// Every `api_key_env` named in `[llm]` (either role).
+pub fn settings_keys(llm: Option<&serde_json::Value>) -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    if k == "api_key_env"
+                        && let Some(s) = x.as_str()
+                    {
+                        out.push(s.to_string());
+                    }
+                    walk(x, out);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(v) = llm {
+        walk(v, &mut out);
+    }
+    out
+}
+
 fn with_source(base: &Candidate, source: String) -> Candidate {
     let own: Vec<String> = source
         .lines()

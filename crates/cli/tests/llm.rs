@@ -483,3 +483,43 @@ fn a_differently_behaving_server_needs_only_configuration() {
     assert!(srv.requests().iter().all(|r| r.header("authorization").is_none()));
     assert!(Store::open(&store).unwrap().run(id).unwrap().best_speedup.unwrap_or(0.0) > 1.0);
 }
+
+/// A coder that somehow writes the key into its candidate (in a compiler error, so it would
+/// also come back in the compile log): the key reaches no later prompt, no store byte and no
+/// terminal line; the places it would have been show `[redacted]`. Only the Authorization
+/// header carries the key.
+#[test]
+fn a_secret_reaches_no_prompt_no_store_byte_and_no_terminal_line() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("s.db");
+    let srv = Server::new(move |r: &Req, _i| match r.kind {
+        Kind::Init => Reply::completion(&init_reply()),
+        Kind::Update => Reply::completion(&update_reply(r)),
+        Kind::Coder => Reply::completion(&code(&format!(
+            "#include <cstdint>\n#error \"{KEY}\"\nextern \"C\" void softmax(void** bufs, const int64_t* dims) {{}}\n"
+        ))),
+        _ => Reply::completion("?"),
+    });
+    let cfg = config(d.path(), &srv.base_url(), "");
+    let (_, o) = run(&store, &cfg, &["--rounds", "2"]);
+    let text = out(&o);
+    assert!(!text.contains(KEY), "the key reached the terminal:\n{text}");
+    let reqs = srv.requests();
+    assert!(
+        reqs.iter().filter(|r| r.kind == Kind::Coder).count() >= 2,
+        "a debug round saw the failure"
+    );
+    for r in &reqs {
+        assert!(
+            !r.body.to_string().contains(KEY),
+            "a request body carries the key: {}",
+            r.user
+        );
+        assert_eq!(r.header("authorization"), Some(format!("Bearer {KEY}").as_str()));
+    }
+    assert!(
+        reqs.iter().any(|r| r.body.to_string().to_lowercase().contains("[redacted]")),
+        "the failed candidate came back to the coder, scrubbed"
+    );
+    assert_no_key(&store);
+}
