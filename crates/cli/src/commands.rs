@@ -29,7 +29,10 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
             slots,
             offsets,
             entries,
-        } => Ok(ksearch_eval::sandbox::runner_main(shm_fd, so_fd, &slots, &offsets, &entries)),
+            mem_limit,
+        } => Ok(ksearch_eval::sandbox::runner_main(
+            shm_fd, so_fd, &slots, &offsets, &entries, mem_limit,
+        )),
         Cmd::Tasks => tasks(g),
         Cmd::Run { task, flags } => run(g, &task, &flags),
         Cmd::Resume { run, flags } => resume(g, run, &flags),

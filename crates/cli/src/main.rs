@@ -208,6 +208,8 @@ enum Cmd {
         offsets: String,
         #[arg(long, default_value = "")]
         entries: String,
+        #[arg(long, default_value_t = 0)]
+        mem_limit: u64,
     },
 }
 

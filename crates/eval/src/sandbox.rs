@@ -187,26 +187,10 @@ impl Runner {
                 cmd.env(k, v);
             }
         }
-        let limit = mem_limit;
-        // SAFETY: only async-signal-safe calls (setsid, setrlimit, prctl) between fork and exec.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(move || {
-                libc::setsid();
-                let data = libc::rlimit {
-                    rlim_cur: limit,
-                    rlim_max: limit,
-                };
-                libc::setrlimit(libc::RLIMIT_DATA, &data);
-                let zero = libc::rlimit {
-                    rlim_cur: 0,
-                    rlim_max: 0,
-                };
-                libc::setrlimit(libc::RLIMIT_CORE, &zero);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                Ok(())
-            });
-        }
+        // No pre-exec hook: the runner sets its own session, limits and parent-death signal
+        // before it loads any candidate code, so the spawn needs no fork of this process (whose
+        // pages a fork would write-protect) and can use posix_spawn.
+        cmd.arg("--mem-limit").arg(mem_limit.to_string());
         let mut child = cmd.spawn().map_err(|e| format!("cannot start the runner: {e}"))?;
         drop(shm_fd);
         drop(so_fd);
@@ -718,13 +702,28 @@ fn landlock() -> Result<&'static str, String> {
 
 /// `ksearch runner …`: set up the sandbox, load the kernel, serve run commands. Returns the
 /// exit code.
-pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entries: &str) -> i32 {
-    // SAFETY: prctl and getppid have no memory preconditions.
+pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entries: &str, mem_limit: u64) -> i32 {
+    // A session and process group of its own (killed whole by the judge), the data-memory
+    // limit, no core files, and death with the judge: all before any candidate code.
+    // SAFETY: setsid, setrlimit, prctl and getppid act on this process only.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
         if libc::getppid() == 1 {
             return 1;
         }
+        libc::setsid();
+        if mem_limit > 0 {
+            let data = libc::rlimit {
+                rlim_cur: mem_limit,
+                rlim_max: mem_limit,
+            };
+            libc::setrlimit(libc::RLIMIT_DATA, &data);
+        }
+        let zero = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &zero);
     }
     // The reply channel is a copy of the original stdout; descriptor 1 then points at stderr, so
     // a kernel that prints cannot write into the channel by accident.
