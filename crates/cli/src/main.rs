@@ -225,6 +225,7 @@ fn main() {
     // Neither candidates nor anything else of this user may read this process's memory or
     // environment through /proc or ptrace.
     // SAFETY: prctl on this process, no memory arguments.
+    #[cfg(target_os = "linux")]
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0);
     }

@@ -182,6 +182,7 @@ impl FlushBuf {
                     len: 0,
                 };
             }
+            #[cfg(target_os = "linux")]
             libc::madvise(p, len, libc::MADV_DONTFORK);
             FlushBuf { ptr: p as *mut u8, len }
         }

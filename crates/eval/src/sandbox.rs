@@ -75,6 +75,12 @@ const RUNNER_ENV: &[&str] = &[
     "LD_LIBRARY_PATH",
 ];
 
+#[cfg(not(target_os = "linux"))]
+fn memfd(_name: &str) -> Result<OwnedFd, String> {
+    Err("the CPU back-end's sandboxed runner needs Linux (memfd, seccomp, Landlock)".into())
+}
+
+#[cfg(target_os = "linux")]
 fn memfd(name: &str) -> Result<OwnedFd, String> {
     let c = CString::new(name).map_err(|e| e.to_string())?;
     // SAFETY: a valid C string; no CLOEXEC so the runner inherits it (closed here after spawn).
@@ -495,8 +501,10 @@ fn parse_list(s: &str) -> Vec<usize> {
         .collect()
 }
 
+#[cfg(target_os = "linux")]
 static mut FAULT_MSG: [u8; 64] = [0; 64];
 
+#[cfg(target_os = "linux")]
 extern "C" fn on_fault(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: async-signal-safe: format into a static buffer and write(2) it; the handler was
     // installed with SA_RESETHAND, so returning re-raises the fault with the default action.
@@ -516,6 +524,7 @@ extern "C" fn on_fault(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
     }
 }
 
+#[cfg(target_os = "linux")]
 fn install_fault_handler() {
     // SAFETY: an alternate stack (leaked, lives for the process) and a handler for SIGSEGV and
     // SIGBUS that only writes and returns.
@@ -546,6 +555,7 @@ fn install_fault_handler() {
     }
 }
 
+#[cfg(target_os = "linux")]
 fn seccomp(arena: u64, arena_len: u64) -> Result<(), String> {
     use seccompiler::{
         SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompFilter, SeccompRule,
@@ -654,6 +664,7 @@ fn seccomp(arena: u64, arena_len: u64) -> Result<(), String> {
     Ok(())
 }
 
+#[cfg(target_os = "linux")]
 fn landlock() -> Result<&'static str, String> {
     use landlock::{ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules};
     let abi = ABI::V6;
@@ -700,8 +711,16 @@ fn landlock() -> Result<&'static str, String> {
     })
 }
 
+/// `ksearch runner …` off Linux: there is no sandbox to set up.
+#[cfg(not(target_os = "linux"))]
+pub fn runner_main(_shm_fd: RawFd, _so_fd: RawFd, _slots: &str, _offsets: &str, _entries: &str, _mem_limit: u64) -> i32 {
+    println!("E the CPU back-end's sandboxed runner needs Linux");
+    2
+}
+
 /// `ksearch runner …`: set up the sandbox, load the kernel, serve run commands. Returns the
 /// exit code.
+#[cfg(target_os = "linux")]
 pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entries: &str, mem_limit: u64) -> i32 {
     // A session and process group of its own (killed whole by the judge), the data-memory
     // limit, no core files, and death with the judge: all before any candidate code.
