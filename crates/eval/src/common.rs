@@ -5,6 +5,21 @@ use ksearch_core::protocol::{Failure, FailureClass, WorkloadReq};
 use ksearch_core::reference::{self, RefArgs};
 use ksearch_core::task::{DType, Task, shape_of};
 
+/// The name of a signal that ends a process running candidate code.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        15 => "SIGTERM",
+        31 => "SIGSYS",
+        _ => "a signal",
+    }
+}
+
 /// One tensor on the host: its values as f64 (exactly representable in `dtype`) and its bytes.
 #[derive(Debug, Clone)]
 pub struct HostTensor {

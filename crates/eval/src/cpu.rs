@@ -10,7 +10,7 @@ use std::time::Instant;
 use ksearch_core::protocol::{CompileInfo, EvalReply, EvalRequest, Failure, FailureClass, Lang, Resources};
 
 use crate::Backend;
-use crate::common::output_specs;
+use crate::common::{output_specs, signal_name};
 use crate::judge::{Device, Peaks, ReadBack, Stop, judge_request};
 use crate::sandbox::{self, Death, Runner, SLACK_BYTE};
 
@@ -44,7 +44,7 @@ impl CpuBackend {
             isolation: String::new(),
         };
         b.copy_gbs = b.measure_copy();
-        b.isolation = match std::env::current_exe() {
+        b.isolation = match runner_exe() {
             Ok(exe) => sandbox::probe(&exe),
             Err(_) => "unknown".into(),
         };
@@ -153,6 +153,16 @@ impl CpuBackend {
                 seconds,
             },
         ))
+    }
+}
+
+/// The executable to start runners from: this very binary, even if the file was replaced since
+/// it started (a rebuild during a search), through `/proc/self/exe` on Linux.
+fn runner_exe() -> std::io::Result<PathBuf> {
+    if cfg!(target_os = "linux") {
+        Ok(PathBuf::from("/proc/self/exe"))
+    } else {
+        std::env::current_exe()
     }
 }
 
@@ -319,16 +329,22 @@ impl<'a> CpuDevice<'a> {
             slots.push(mine);
         }
         let entries: Vec<String> = req.candidate.launches.iter().map(|l| l.entry.clone()).collect();
-        let exe = std::env::current_exe().map_err(|e| infra(format!("cannot find the runner executable: {e}")))?;
-        let runner = Runner::start(&exe, &sizes, so, &entries, backend.mem_limit).map_err(|e| match e.strip_prefix("LOAD:") {
-            Some(m) => Failure {
-                class: FailureClass::Compile,
-                message: m.to_string(),
-            },
-            None => Failure {
-                class: FailureClass::Crash,
-                message: e,
-            },
+        let exe = runner_exe().map_err(|e| infra(format!("cannot find the runner executable: {e}")))?;
+        let runner = Runner::start(&exe, &sizes, so, &entries, backend.mem_limit).map_err(|e| {
+            if let Some(m) = e.strip_prefix("LOAD:") {
+                Failure {
+                    class: FailureClass::Compile,
+                    message: m.to_string(),
+                }
+            } else if let Some(m) = e.strip_prefix("INFRA:") {
+                // Nothing of the candidate ran yet: not its failure.
+                infra(m.to_string())
+            } else {
+                Failure {
+                    class: FailureClass::Crash,
+                    message: e,
+                }
+            }
         })?;
         Ok(CpuDevice {
             backend,
@@ -406,20 +422,6 @@ fn make_input_sizes(req: &EvalRequest, w: &ksearch_core::protocol::WorkloadReq) 
             Ok(n * req.task.dtype_on(&req.backend, t).size())
         })
         .collect()
-}
-
-pub fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        15 => "SIGTERM",
-        31 => "SIGSYS",
-        _ => "a signal",
-    }
 }
 
 impl Device for CpuDevice<'_> {

@@ -197,7 +197,7 @@ impl Runner {
         // before it loads any candidate code, so the spawn needs no fork of this process (whose
         // pages a fork would write-protect) and can use posix_spawn.
         cmd.arg("--mem-limit").arg(mem_limit.to_string());
-        let mut child = cmd.spawn().map_err(|e| format!("cannot start the runner: {e}"))?;
+        let mut child = cmd.spawn().map_err(|e| format!("INFRA:cannot start the runner: {e}"))?;
         drop(shm_fd);
         drop(so_fd);
         let stdin = child.stdin.take().ok_or("runner has no stdin")?;
@@ -241,7 +241,10 @@ impl Runner {
         let hello = r.read_line()?;
         let mut parts = hello.splitn(3, ' ');
         if parts.next() != Some("H") {
-            return Err(r.died_reason(&format!("runner did not start ({})", hello.trim())));
+            return Err(format!(
+                "INFRA:{}",
+                r.died_reason(&format!("runner did not start ({})", hello.trim()))
+            ));
         }
         r.arena_base = parts.next().and_then(|s| u64::from_str_radix(s, 16).ok()).unwrap_or(0);
         r.isolation = parts.next().unwrap_or("").trim().to_string();

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use ksearch_core::protocol::{EvalReply, EvalRequest, FailureClass, Reply, Request};
 
+use crate::common::signal_name;
+
 /// How to start a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
@@ -66,19 +68,6 @@ fn rss_bytes(pid: u32) -> Option<u64> {
     let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        4 => "SIGILL",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        15 => "SIGTERM",
-        _ => "signal",
-    }
 }
 
 impl Supervisor {
