@@ -110,7 +110,12 @@ pub struct Runner {
     exited: Option<i32>,
     /// Peak resident memory of the runner when it ended (bytes; from `wait4`).
     pub peak_rss: u64,
+    /// The fastest empty round trip over the channel, measured before the kernel was loaded.
+    pub channel_s: f64,
 }
+
+/// Empty round trips measured to calibrate the channel.
+const CALIBRATION_TRIPS: usize = 24;
 
 fn wait4(pid: libc::pid_t, st: &mut i32, flags: i32, peak: &mut u64) -> libc::pid_t {
     // SAFETY: waiting for our own child; rusage is plain data.
@@ -235,6 +240,7 @@ impl Runner {
             isolation: String::new(),
             exited: None,
             peak_rss: 0,
+            channel_s: 0.0,
         };
         // Greeting: "H <arena base> <isolation>\n", written before any candidate code is loaded;
         // then "L\n" once the kernel is loaded, or "E <reason>\n".
@@ -248,6 +254,23 @@ impl Runner {
         }
         r.arena_base = parts.next().and_then(|s| u64::from_str_radix(s, 16).ok()).unwrap_or(0);
         r.isolation = parts.next().unwrap_or("").trim().to_string();
+        // Calibrate the channel while only trusted runner code runs: the fastest of a few empty
+        // round trips is what the channel costs at least.
+        let mut best = f64::INFINITY;
+        for _ in 0..CALIBRATION_TRIPS {
+            let t = Instant::now();
+            let mut one = [0u8; 1];
+            if r.cmd.write_all(&2u64.to_le_bytes()).and_then(|_| r.cmd.flush()).is_err()
+                || !matches!(r.replies.read(&mut one), Ok(1))
+            {
+                return Err(format!("INFRA:{}", r.died_reason("runner died while calibrating")));
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        r.channel_s = if best.is_finite() { best } else { 0.0 };
+        if r.cmd.write_all(&3u64.to_le_bytes()).and_then(|_| r.cmd.flush()).is_err() {
+            return Err(format!("INFRA:{}", r.died_reason("runner died before loading the kernel")));
+        }
         let loaded = r.read_line()?;
         if let Some(reason) = loaded.strip_prefix("E ") {
             return Err(format!("LOAD:{}", reason.trim()));
@@ -307,8 +330,13 @@ impl Runner {
         unsafe { std::slice::from_raw_parts_mut(self.shm.add(self.shm_offsets[slot]), self.lens[slot]) }
     }
 
-    /// Run every entry once on `bufs` (slot, payload size) with `dims`; the seconds between
-    /// the command and the runner's answer, measured here.
+    /// Run every entry once on `bufs` (slot, payload size) with `dims`; the seconds it took.
+    ///
+    /// The judge times the round trip itself; the runner also reports the time it measured
+    /// around the call. The report is never believed below what the judge saw minus the
+    /// channel's calibrated cost (measured before any candidate code was loaded), nor above the
+    /// round trip: a runner that lies can gain no more than the channel's jitter, and an honest
+    /// one is not charged the wake-up of a process for every call.
     pub fn run(&mut self, bufs: &[(usize, usize)], dims: &[i64]) -> Result<f64, Death> {
         let mut msg: Vec<u8> = Vec::with_capacity(16 + 16 * bufs.len() + 8 * dims.len());
         msg.extend_from_slice(&1u64.to_le_bytes());
@@ -325,15 +353,14 @@ impl Runner {
         if self.cmd.write_all(&msg).and_then(|_| self.cmd.flush()).is_err() {
             return Err(self.wait_death());
         }
-        let mut b = [0u8; 1];
-        loop {
-            match self.replies.read(&mut b) {
-                Ok(1) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                _ => return Err(self.wait_death()),
-            }
+        let mut b = [0u8; 9];
+        if self.replies.read_exact(&mut b).is_err() {
+            return Err(self.wait_death());
         }
-        Ok(t.elapsed().as_secs_f64())
+        let seen = t.elapsed().as_secs_f64();
+        let said = f64::from_le_bytes(b[1..9].try_into().unwrap_or([0; 8]));
+        let said = if said.is_finite() { said } else { seen };
+        Ok(said.clamp((seen - self.channel_s).max(0.0), seen))
     }
 
     /// Stop every thread of the runner (so nothing it left running can still write), run `f`,
@@ -857,6 +884,25 @@ pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entr
     if so_fd < 0 {
         return 0;
     }
+    // Calibration round trips (2), then the order to load the kernel (3): still trusted code.
+    {
+        let mut input = std::io::stdin().lock();
+        let mut word = [0u8; 8];
+        loop {
+            if input.read_exact(&mut word).is_err() {
+                return 0;
+            }
+            match u64::from_le_bytes(word) {
+                2 => {
+                    if out.write_all(b"C").and_then(|_| out.flush()).is_err() {
+                        return 3;
+                    }
+                }
+                3 => break,
+                _ => return 0,
+            }
+        }
+    }
     // Candidate code from here on (its static initialisers run at load).
     type Entry = unsafe extern "C" fn(*mut *mut u8, *const i64);
     let path = format!("/proc/self/fd/{so_fd}");
@@ -917,11 +963,15 @@ pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entr
             let Some(d) = next(&mut input) else { return 3 };
             dims.push(d as i64);
         }
+        let t = Instant::now();
         for f in &fns {
             // SAFETY: untrusted candidate code, run here by design.
             unsafe { f(ptrs.as_mut_ptr(), dims.as_ptr()) };
         }
-        if out.write_all(b"D").and_then(|_| out.flush()).is_err() {
+        let mut reply = [0u8; 9];
+        reply[0] = b'D';
+        reply[1..].copy_from_slice(&t.elapsed().as_secs_f64().to_le_bytes());
+        if out.write_all(&reply).and_then(|_| out.flush()).is_err() {
             return 3;
         }
     }
