@@ -3,7 +3,7 @@
 //! fills and reads, and judged by the shared skeleton (`judge.rs`): f64 host reference, every
 //! element checked, time measured here around each call.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -78,10 +78,7 @@ impl CpuBackend {
         std::hint::black_box(self.flush_buf.bytes());
     }
 
-    /// Compile (or take from the cache) and return the shared object's bytes. Cache entries are
-    /// addressed by the hash of source, flags, defines and compiler identity, and carry the
-    /// hash of the artefact, checked at every load: an entry changed by anyone but this
-    /// side is recompiled, never loaded.
+    /// Compile (or take from the cache) and return the shared object's bytes.
     fn compile(&mut self, req: &EvalRequest) -> Result<(Vec<u8>, CompileInfo), Failure> {
         let c = &req.candidate;
         let mut args: Vec<String> = self.flags.clone();
@@ -92,68 +89,82 @@ impl CpuBackend {
         for (k, v) in &c.defines {
             args.push(format!("-D{k}={v}"));
         }
-        let version = compiler_version(&self.compiler);
-        let key = sha256_hex(&[c.source.as_bytes(), args.join(" ").as_bytes(), version.as_bytes()], 16);
-        let so = self.cache.join(format!("{key}.so"));
-        let sum = self.cache.join(format!("{key}.so.sha256"));
-        let mut note = String::new();
-        if let (Ok(bytes), Ok(want)) = (std::fs::read(&so), std::fs::read_to_string(&sum)) {
-            if sha256_hex(&[&bytes], 32) == want.trim() {
-                return Ok((
-                    bytes,
-                    CompileInfo {
-                        log: String::new(),
-                        cached: true,
-                        seconds: 0.0,
-                    },
-                ));
-            }
-            note = format!("cache entry {key}.so failed verification: recompiled\n");
-            let _ = std::fs::remove_file(&so);
-            let _ = std::fs::remove_file(&sum);
-        }
-        std::fs::create_dir_all(&self.cache).map_err(|e| infra(format!("cannot create cache {}: {e}", self.cache.display())))?;
-        let src = self.cache.join(format!("{key}.{}.cpp", std::process::id()));
-        std::fs::write(&src, &c.source).map_err(|e| infra(format!("cannot write {}: {e}", src.display())))?;
-        let tmp = self.cache.join(format!("{key}.{}.tmp.so", std::process::id()));
-        let t = Instant::now();
-        let out = Command::new(&self.compiler)
-            .args(&args)
-            .arg("-o")
-            .arg(&tmp)
-            .arg(&src)
-            .output()
-            .map_err(|e| infra(format!("cannot run compiler `{}`: {e}", self.compiler)));
-        let _ = std::fs::remove_file(&src);
-        let out = out?;
-        let seconds = t.elapsed().as_secs_f64();
-        let log = format!(
-            "{note}{}",
-            String::from_utf8_lossy(&out.stderr).replace(&format!("{}", src.display()), "kernel.cpp")
-        );
-        if !out.status.success() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Failure {
-                class: FailureClass::Compile,
-                message: first_lines(&log, 30),
-            });
-        }
-        let bytes = std::fs::read(&tmp).map_err(|e| infra(format!("cannot read {}: {e}", tmp.display())))?;
-        let hash = sha256_hex(&[&bytes], 32);
-        let sum_tmp = self.cache.join(format!("{key}.{}.tmp.sha256", std::process::id()));
-        std::fs::write(&sum_tmp, &hash)
-            .and_then(|_| std::fs::rename(&tmp, &so))
-            .and_then(|_| std::fs::rename(&sum_tmp, &sum))
-            .map_err(|e| infra(format!("cannot store {} in the cache: {e}", so.display())))?;
-        Ok((
-            bytes,
-            CompileInfo {
-                log,
-                cached: false,
-                seconds,
-            },
-        ))
+        compile_cached(&self.cache, &self.compiler, &args, &c.source, "kernel.cpp")
     }
+}
+
+/// Compile `source` with `compiler` and `args` into a shared object, or take it from `cache`;
+/// its bytes. Cache entries are addressed by the hash of source, flags, defines and compiler
+/// identity, and carry the hash of the artefact, checked at every load: an entry changed by
+/// anyone but this side is recompiled, never loaded. `shown_as` names the source in the log.
+pub(crate) fn compile_cached(
+    cache: &Path,
+    compiler: &str,
+    args: &[String],
+    source: &str,
+    shown_as: &str,
+) -> Result<(Vec<u8>, CompileInfo), Failure> {
+    let version = compiler_version(compiler);
+    let key = sha256_hex(&[source.as_bytes(), args.join(" ").as_bytes(), version.as_bytes()], 16);
+    let so = cache.join(format!("{key}.so"));
+    let sum = cache.join(format!("{key}.so.sha256"));
+    let mut note = String::new();
+    if let (Ok(bytes), Ok(want)) = (std::fs::read(&so), std::fs::read_to_string(&sum)) {
+        if sha256_hex(&[&bytes], 32) == want.trim() {
+            return Ok((
+                bytes,
+                CompileInfo {
+                    log: String::new(),
+                    cached: true,
+                    seconds: 0.0,
+                },
+            ));
+        }
+        note = format!("cache entry {key}.so failed verification: recompiled\n");
+        let _ = std::fs::remove_file(&so);
+        let _ = std::fs::remove_file(&sum);
+    }
+    std::fs::create_dir_all(cache).map_err(|e| infra(format!("cannot create cache {}: {e}", cache.display())))?;
+    let src = cache.join(format!("{key}.{}.cpp", std::process::id()));
+    std::fs::write(&src, source).map_err(|e| infra(format!("cannot write {}: {e}", src.display())))?;
+    let tmp = cache.join(format!("{key}.{}.tmp.so", std::process::id()));
+    let t = Instant::now();
+    let out = Command::new(compiler)
+        .args(args)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .output()
+        .map_err(|e| infra(format!("cannot run compiler `{compiler}`: {e}")));
+    let _ = std::fs::remove_file(&src);
+    let out = out?;
+    let seconds = t.elapsed().as_secs_f64();
+    let log = format!(
+        "{note}{}",
+        String::from_utf8_lossy(&out.stderr).replace(&format!("{}", src.display()), shown_as)
+    );
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Failure {
+            class: FailureClass::Compile,
+            message: first_lines(&log, 30),
+        });
+    }
+    let bytes = std::fs::read(&tmp).map_err(|e| infra(format!("cannot read {}: {e}", tmp.display())))?;
+    let hash = sha256_hex(&[&bytes], 32);
+    let sum_tmp = cache.join(format!("{key}.{}.tmp.sha256", std::process::id()));
+    std::fs::write(&sum_tmp, &hash)
+        .and_then(|_| std::fs::rename(&tmp, &so))
+        .and_then(|_| std::fs::rename(&sum_tmp, &sum))
+        .map_err(|e| infra(format!("cannot store {} in the cache: {e}", so.display())))?;
+    Ok((
+        bytes,
+        CompileInfo {
+            log,
+            cached: false,
+            seconds,
+        },
+    ))
 }
 
 /// The executable to start runners from: this very binary, even if the file was replaced since
