@@ -194,6 +194,15 @@ fn resolve_backend(requested: &str, task: &Task) -> Result<String> {
         let have: Vec<&String> = task.backends.keys().collect();
         bail!("task {} has no kernels for the {b} back-end (it has: {have:?})", task.name);
     }
+    if crate::driver::is_mlx(&b)
+        && let Some(r) = task.reference.file()
+    {
+        bail!(
+            "task {} brings its own reference ({}), which the MLX back-ends do not run: use --backend cpu or cuda",
+            task.name,
+            r.file
+        );
+    }
     Ok(b)
 }
 
@@ -274,6 +283,12 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
     }
     if !["offline", "llm"].contains(&cfg.planner.as_str()) {
         bail!("unknown planner `{}` (use offline or llm)", cfg.planner);
+    }
+    if task.reference.file().is_some() {
+        // A reference the task brings is compiled now, into the workers' cache: a broken one
+        // fails here, in one line, before any run is recorded.
+        ksearch_eval::task_ref::compile(task, &cfg.cache_dir.join(&cfg.backend))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", task.dir.join("task.toml").display()))?;
     }
     crate::llm_planner::apply_flags(&mut cfg.llm, f)?;
     if cfg.planner == "llm" {

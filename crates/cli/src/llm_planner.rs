@@ -440,7 +440,13 @@ impl LlmPlanner {
         } else {
             format!("entry point(s): {}", entries.join(", "))
         };
-        let mut reference = format!("{} (host reference `{}`)", t.description, t.reference);
+        let mut reference = match t.reference.file() {
+            Some(r) => format!(
+                "{}\nThe reference the task brings ({}, C++ in f64; inputs and outputs in declared order, dims = the axes):\n{}",
+                t.description, r.file, r.source
+            ),
+            None => format!("{} (host reference `{}`)", t.description, t.reference),
+        };
         if let Some(f) = &t.flops {
             reference.push_str(&format!("\nflops: {f}"));
         }

@@ -185,7 +185,7 @@ fn mlx_references_match_the_host_f64_references_on_the_inputs_the_worker_drew() 
         let other = w.ask(&req(99));
         assert_ne!(other["inputs"], r["inputs"], "{name}: other seed, same inputs");
         // The host reference on exactly those inputs.
-        let f = ksearch_core::reference::lookup(&t.reference).unwrap();
+        let f = ksearch_core::reference::lookup(t.reference.name().unwrap()).unwrap();
         let host = f(&ksearch_core::reference::RefArgs {
             axes,
             constants: &t.constants,

@@ -260,13 +260,113 @@ pub struct BackendSpec {
     pub forbid: Vec<String>,
 }
 
+/// What a task computes, in f64: a host reference built into ksearch, by name
+/// (`reference = "softmax"`, `ksearch-core::reference`), or one the task brings as a C++ file
+/// (`reference = { file = "reference.cpp", entry = "my_ref" }`, see `docs/task-format.md`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Reference {
+    Named(String),
+    File(FileReference),
+}
+
+/// A reference the task brings: plain C++ in f64, compiled with the host compiler and run by
+/// the trusted side (never by the candidate's runner). It is the task author's code, as
+/// trusted as the task file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileReference {
+    /// The C++ source, relative to the task's folder.
+    pub file: String,
+    /// The function to call: `extern "C" void ENTRY(const double* const* inputs,
+    /// double* const* outputs, const int64_t* dims)`.
+    pub entry: String,
+    /// The source text, read from `file` when the task is loaded; it travels with the task to
+    /// the workers, which compile it. Not a field of `task.toml`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+}
+
+impl Reference {
+    /// The name of a built-in host reference.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Reference::Named(n) => Some(n),
+            Reference::File(_) => None,
+        }
+    }
+    /// The reference the task brings, if it brings one.
+    pub fn file(&self) -> Option<&FileReference> {
+        match self {
+            Reference::Named(_) => None,
+            Reference::File(f) => Some(f),
+        }
+    }
+}
+
+impl fmt::Display for Reference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reference::Named(n) => f.write_str(n),
+            Reference::File(r) => write!(f, "{} ({})", r.file, r.entry),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Reference {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Reference;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a host reference name (e.g. "softmax") or { file = "reference.cpp", entry = "my_ref" }"#)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Reference, E> {
+                Ok(Reference::Named(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<Reference, A::Error> {
+                FileReference::deserialize(serde::de::value::MapAccessDeserializer::new(m)).map(Reference::File)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Does `source` name function `entry` (the identifier followed by an opening parenthesis)?
+/// A textual check at load; the compiler checks the definition and its signature.
+fn names_function(source: &str, entry: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    source.match_indices(entry).any(|(i, _)| {
+        let before_ok = source[..i].chars().next_back().is_none_or(|c| !ident(c));
+        let after = source[i + entry.len()..].trim_start();
+        before_ok && after.starts_with('(')
+    })
+}
+
+fn is_c_identifier(s: &str) -> bool {
+    let mut cs = s.chars();
+    cs.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && cs.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The line of top-level key `key` (`key = …` or a `[key]` table), else the first line
+/// mentioning it.
+fn key_line(text: &str, key: &str) -> usize {
+    text.lines()
+        .position(|l| {
+            let t = l.trim_start();
+            t.starts_with(&format!("[{key}]")) || t.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
+        .unwrap_or_else(|| line_of(text, key))
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Task {
     pub name: String,
     #[serde(default)]
     pub description: String,
-    pub reference: String,
+    pub reference: Reference,
     pub axes: Vec<String>,
     #[serde(default)]
     pub flops: Option<String>,
@@ -412,15 +512,42 @@ impl Task {
         if self.axes.is_empty() {
             return Err(inv("axes", "a task needs at least one axis".into()));
         }
-        if crate::reference::lookup(&self.reference).is_none() {
-            return Err(inv(
-                "reference",
-                format!(
-                    "unknown host reference `{}` (known: {})",
-                    self.reference,
-                    crate::reference::names().join(", ")
-                ),
-            ));
+        let at_ref = |reason: String| TaskError::Invalid {
+            path: p.to_string(),
+            line: key_line(text, "reference"),
+            reason,
+        };
+        match &mut self.reference {
+            Reference::Named(n) => {
+                if crate::reference::lookup(n).is_none() {
+                    return Err(at_ref(format!(
+                        "unknown host reference `{n}` (known: {}; or a file of the task's own: {{ file = \"reference.cpp\", entry = \"my_ref\" }})",
+                        crate::reference::names().join(", ")
+                    )));
+                }
+            }
+            Reference::File(f) => {
+                if !f.source.is_empty() {
+                    return Err(at_ref(
+                        "reference: `source` is no task field (the source is read from `file`)".into(),
+                    ));
+                }
+                if !is_c_identifier(&f.entry) {
+                    return Err(at_ref(format!("reference entry `{}` is not a C identifier", f.entry)));
+                }
+                let src = self.dir.join(&f.file);
+                let source =
+                    std::fs::read_to_string(&src).map_err(|e| at_ref(format!("reference file {}: {e}", src.display())))?;
+                if !names_function(&source, &f.entry) {
+                    return Err(at_ref(format!(
+                        "reference entry `{}` not found in {} (it must define extern \"C\" void {}(const double* const* inputs, double* const* outputs, const int64_t* dims))",
+                        f.entry,
+                        src.display(),
+                        f.entry
+                    )));
+                }
+                f.source = source;
+            }
         }
         if self.outputs.is_empty() {
             return Err(inv("[[outputs]]", "a task needs at least one output".into()));
@@ -666,4 +793,58 @@ pub fn find(dir: &Path, name: &str) -> Result<Task, TaskError> {
         dir: dir.display().to_string(),
         known,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize)]
+    struct R {
+        reference: Reference,
+    }
+
+    #[test]
+    fn a_reference_is_a_name_or_a_file_of_the_tasks_own() {
+        let r: R = toml::from_str("reference = \"softmax\"").unwrap();
+        assert_eq!(r.reference.name(), Some("softmax"));
+        let r: R = toml::from_str("reference = { file = \"ref.cpp\", entry = \"my_ref\" }").unwrap();
+        let f = r.reference.file().unwrap();
+        assert_eq!((f.file.as_str(), f.entry.as_str()), ("ref.cpp", "my_ref"));
+        assert_eq!(r.reference.to_string(), "ref.cpp (my_ref)");
+        let e = toml::from_str::<R>("reference = { file = \"ref.cpp\", entry = \"f\", bogus = 1 }")
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+        let e = toml::from_str::<R>("reference = 3").err().unwrap();
+        assert!(e.to_string().contains("host reference name"), "{e}");
+        // The source travels with the task to workers (JSON), and back.
+        let with_source = Reference::File(FileReference {
+            file: "ref.cpp".into(),
+            entry: "f".into(),
+            source: "extern \"C\" void f() {}".into(),
+        });
+        let j = serde_json::to_string(&with_source).unwrap();
+        assert_eq!(serde_json::from_str::<Reference>(&j).unwrap(), with_source);
+        assert_eq!(
+            serde_json::to_string(&Reference::Named("rmsnorm".into())).unwrap(),
+            "\"rmsnorm\""
+        );
+    }
+
+    #[test]
+    fn an_entry_is_found_as_a_function_name_only() {
+        let src = "// layer_ref2(\nextern \"C\" void layer_ref (const double* const* i, double* const* o, const int64_t* d) {}";
+        assert!(names_function(src, "layer_ref"));
+        assert!(!names_function(src, "ayer_ref"));
+        assert!(!names_function("int layer_ref = 1;", "layer_ref"));
+        assert!(is_c_identifier("_ln2") && !is_c_identifier("2ln") && !is_c_identifier("a-b") && !is_c_identifier(""));
+    }
+
+    #[test]
+    fn the_reference_line_is_its_key_not_a_mention() {
+        let text = "name = \"x\"\ndescription = \"checked against a reference\"\nreference = \"y\"\n";
+        assert_eq!(key_line(text, "reference"), 3);
+        assert_eq!(key_line("a = 1\n[reference]\nfile = \"r.cpp\"\n", "reference"), 2);
+    }
 }

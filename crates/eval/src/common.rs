@@ -75,15 +75,21 @@ pub fn output_specs(task: &Task, backend: &str, w: &WorkloadReq) -> Result<Vec<(
         .collect()
 }
 
-/// The host f64 reference for these inputs.
+/// The host f64 reference for these inputs: a built-in one, or the C++ file the task brings
+/// (compiled and called here, on the trusted side; see `task_ref`).
 pub fn host_reference(task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, String> {
-    let f = reference::lookup(&task.reference).ok_or_else(|| format!("unknown reference `{}`", task.reference))?;
-    let args = RefArgs {
-        axes: &w.axes,
-        constants: &task.constants,
-        inputs: inputs.iter().map(|t| t.values.as_slice()).collect(),
+    let values: Vec<&[f64]> = inputs.iter().map(|t| t.values.as_slice()).collect();
+    let out = match task.reference.name() {
+        Some(name) => {
+            let f = reference::lookup(name).ok_or_else(|| format!("unknown reference `{name}`"))?;
+            f(&RefArgs {
+                axes: &w.axes,
+                constants: &task.constants,
+                inputs: values,
+            })
+        }
+        None => crate::task_ref::run(task, &w.axes, &values)?,
     };
-    let out = f(&args);
     if out.len() != task.outputs.len() {
         return Err(format!(
             "reference `{}` returned {} outputs, task declares {}",

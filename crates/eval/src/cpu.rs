@@ -33,6 +33,8 @@ impl CpuBackend {
     pub fn new(cache: PathBuf) -> CpuBackend {
         let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        // A reference the task brings is compiled into the same verified cache.
+        crate::task_ref::set_cache_dir(cache.clone());
         let mut b = CpuBackend {
             cache,
             compiler,

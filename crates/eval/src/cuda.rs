@@ -714,6 +714,8 @@ impl CudaBackend {
     /// Open device `device` (its primary context), measure its copy bandwidth and prepare the
     /// L2 flush buffer. Fails with one clear line when there is no driver, device or NVRTC.
     pub fn new(device: usize, cache: PathBuf) -> Result<CudaBackend, String> {
+        // A reference the task brings is compiled for the host into this back-end's cache.
+        crate::task_ref::set_cache_dir(cache.clone());
         // SAFETY: only tries to open the shared library.
         if !unsafe { sys::is_culib_present() } {
             return Err("no CUDA driver found (libcuda.so): the library cannot be loaded on this machine".into());
@@ -899,7 +901,7 @@ impl CudaBackend {
         inputs: &[HostTensor],
     ) -> Result<Option<Vec<Vec<f64>>>, Stop> {
         let ax = |n: &str| w.axes.get(n).copied().unwrap_or(0);
-        let entry = match task.reference.as_str() {
+        let entry = match task.reference.name().unwrap_or("") {
             "softmax" => "ksref_softmax",
             "rmsnorm" => "ksref_rmsnorm",
             "attention" => "ksref_attention",
@@ -907,7 +909,7 @@ impl CudaBackend {
             "mamba_step" => "ksref_mamba_step",
             _ => return Ok(None),
         };
-        let expected_inputs = match task.reference.as_str() {
+        let expected_inputs = match task.reference.name().unwrap_or("") {
             "softmax" => 1,
             "rmsnorm" => 2,
             "attention" => 3,
@@ -936,11 +938,11 @@ impl CudaBackend {
         }
         let mut args: Vec<Arg> = ibufs.iter().map(|b| Arg::Ptr(b.ptr)).collect();
         args.extend(obufs.iter().map(|b| Arg::Ptr(b.ptr)));
-        let (grid, block, shared) = match task.reference.as_str() {
+        let (grid, block, shared) = match task.reference.name().unwrap_or("") {
             "softmax" | "rmsnorm" => {
                 let rows = ax("rows");
                 args.extend([Arg::I64(rows), Arg::I64(ax("cols"))]);
-                if task.reference == "rmsnorm" {
+                if task.reference.name() == Some("rmsnorm") {
                     args.push(Arg::F64(task.constants.get("eps").copied().unwrap_or(1e-5)));
                 }
                 if rows > self.max_grid[0] {
@@ -964,7 +966,7 @@ impl CudaBackend {
                     return Ok(None);
                 }
                 let g = (64 / n).max(1);
-                if task.reference == "mamba_scan" {
+                if task.reference.name() == Some("mamba_scan") {
                     args.extend([Arg::I64(bt), Arg::I64(ax("L")), Arg::I64(d), Arg::I64(n)]);
                 } else {
                     args.extend([Arg::I64(bt), Arg::I64(d), Arg::I64(n)]);

@@ -10,6 +10,7 @@ pub mod mlx_cuda;
 pub mod sandbox;
 pub mod scrub;
 pub mod supervisor;
+pub mod task_ref;
 pub mod worker;
 
 pub use supervisor::{Limits, Pool, Supervisor, WorkerSpec};
