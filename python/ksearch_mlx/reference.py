@@ -150,6 +150,11 @@ REFERENCES: dict[str, Callable[[dict[str, Any], dict[str, int], dict[str, float]
 def compute(task: dict, inputs: dict[str, Any], axes: dict[str, int]) -> dict[str, Any]:
     """The task's reference outputs by name, evaluated, in f32."""
     name = task.get("reference", "")
+    if isinstance(name, dict):
+        raise ValueError(
+            f"task `{task.get('name', '')}` brings its own reference ({name.get('file', '')}), "
+            "which the MLX back-ends do not run: use --backend cpu or cuda"
+        )
     if name not in REFERENCES:
         raise ValueError(f"no MLX reference `{name}` (known: {', '.join(REFERENCES)})")
     outs = REFERENCES[name](inputs, axes, task.get("constants") or {})

@@ -172,3 +172,10 @@ def test_compute_names_outputs_and_refuses_unknown_references():
     assert list(out) == ["y"] and out["y"].dtype == mx.float32
     with pytest.raises(ValueError, match="no MLX reference `nope`"):
         reference.compute({"reference": "nope"}, {}, {})
+
+
+def test_compute_refuses_a_reference_the_task_brings_in_one_line():
+    task = {"name": "layernorm", "reference": {"file": "reference.cpp", "entry": "layernorm_ref"}}
+    with pytest.raises(ValueError, match=r"brings its own reference \(reference.cpp\).*--backend cpu or cuda") as e:
+        reference.compute(task, {}, {})
+    assert "\n" not in str(e.value)
