@@ -35,11 +35,42 @@ def poison_value(dtypes: list[str]) -> float:
     return max(LOWEST[d] for d in dtypes) if dtypes else LOWEST["f32"]
 
 
+def random_poison(rng: Any, dtypes: list[str]) -> float:
+    """A fresh poison for one checked call whose outputs have `dtypes`: a finite value of
+    large magnitude and random sign, different every call, so a kernel cannot recognise it.
+
+    Not a NaN payload, as the Rust judge uses: MLX's `init_value` is one C++ float, cast to
+    each output's dtype, and a NaN's payload does not survive the cast to f16/bf16 (nor can a
+    NaN be told from a NaN the kernel wrote). Its magnitude is between a quarter and 99% of the
+    largest finite value of the narrowest output dtype (f16: 16 376 to 64 849), which keeps it
+    finite in every output and far from the values these tasks produce.
+    """
+    top = min([-LOWEST[d] for d in dtypes] or [-LOWEST["f32"]])
+    top = min(top, -LOWEST["f32"])  # init_value is a float
+    v = float(np.float32(top * rng.uniform(0.25, 0.99)))
+    return v if rng.random() < 0.5 else -v
+
+
 def poison_as(value: float, dtype: str) -> float:
     """`value` as it reads back from an array of `dtype` (what an unwritten element holds)."""
     if dtype == "f64":
         return float(value)
     return float(np.array(mx.array(value, dtype=mx.float32).astype(mx_dtype(dtype)).astype(mx.float32)))
+
+
+def _draw(spec: dict, dtype: str, shape: tuple[int, ...], key: Any) -> Any:
+    """Values for one tensor of `shape`: drawn in f32 from the spec's init and cast to `dtype`."""
+    init = spec.get("init") or {"dist": "normal", "mean": 0.0, "std": 1.0}
+    dist = init.get("dist", "normal")
+    if dist == "normal":
+        x = mx.random.normal(shape, dtype=mx.float32, loc=float(init.get("mean", 0.0)), scale=float(init.get("std", 1.0)), key=key)
+    elif dist == "uniform":
+        x = mx.random.uniform(float(init["lo"]), float(init["hi"]), shape, dtype=mx.float32, key=key)
+    else:
+        raise ValueError(f"input `{spec['name']}`: unknown init dist `{dist}`")
+    if dtype == "i32":
+        x = mx.round(x)
+    return x.astype(mx_dtype(dtype))
 
 
 def draw_inputs(task: dict, backend: str, axes: dict[str, int], seed: int) -> dict[str, Any]:
@@ -49,19 +80,30 @@ def draw_inputs(task: dict, backend: str, axes: dict[str, int], seed: int) -> di
     keys = mx.random.split(mx.random.key(int(seed)), max(len(specs), 1))
     out = {}
     for i, spec in enumerate(specs):
-        shape = tensor_shape(spec, axes)
-        init = spec.get("init") or {"dist": "normal", "mean": 0.0, "std": 1.0}
-        dist = init.get("dist", "normal")
-        if dist == "normal":
-            x = mx.random.normal(shape, dtype=mx.float32, loc=float(init.get("mean", 0.0)), scale=float(init.get("std", 1.0)), key=keys[i])
-        elif dist == "uniform":
-            x = mx.random.uniform(float(init["lo"]), float(init["hi"]), shape, dtype=mx.float32, key=keys[i])
-        else:
-            raise ValueError(f"input `{spec['name']}`: unknown init dist `{dist}`")
-        dt = tensor_dtype(task, backend, spec)
-        if dt == "i32":
-            x = mx.round(x)
-        out[spec["name"]] = x.astype(mx_dtype(dt))
+        out[spec["name"]] = _draw(spec, tensor_dtype(task, backend, spec), tensor_shape(spec, axes), keys[i])
+    mx.eval(list(out.values()))
+    return out
+
+
+def pool_extra(n: int) -> int:
+    """Elements a pool holds beyond its input (the rule of crates/eval/src/judge.rs): enough
+    distinct windows that calls almost never repeat one."""
+    return max(n // 4, 4096)
+
+
+def draw_pools(task: dict, backend: str, axes: dict[str, int], seed: int, set_index: int = 0) -> dict[str, Any]:
+    """One pool per input for one workload: a flat array of `n + pool_extra(n)` values of the
+    input's distribution and dtype, from one sub-key of `seed` per tensor. `set_index` > 0
+    draws another, independent set from the same seed. The arrays are evaluated."""
+    specs = task.get("inputs", [])
+    key = mx.random.key(int(seed))
+    if set_index:
+        key = mx.random.split(mx.random.key(int(seed) ^ 0x504F4F4C), set_index + 1)[set_index]
+    keys = mx.random.split(key, max(len(specs), 1))
+    out = {}
+    for i, spec in enumerate(specs):
+        n = math.prod(tensor_shape(spec, axes))
+        out[spec["name"]] = _draw(spec, tensor_dtype(task, backend, spec), (n + pool_extra(n),), keys[i])
     mx.eval(list(out.values()))
     return out
 
@@ -72,7 +114,10 @@ def as_f32(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_numpy(a: Any) -> np.ndarray:
-    """An MLX array as a flat float64 numpy array (bf16 has no numpy dtype: through f32)."""
+    """An MLX array as a flat float64 numpy array (bf16 has no numpy dtype: through f32);
+    a numpy array (already read back) is flattened."""
+    if isinstance(a, np.ndarray):
+        return a.reshape(-1).astype(np.float64, copy=False)
     if a.dtype == mx.float64:
         return np.array(a).reshape(-1)
     return np.array(a.astype(mx.float32)).reshape(-1).astype(np.float64)
@@ -235,7 +280,16 @@ def min_bytes(task: dict, backend: str, axes: dict[str, int]) -> float:
 
 
 def task_flops(task: dict, axes: dict[str, int]) -> float:
-    f = task.get("flops")
+    return _task_count(task, "flops", axes)
+
+
+def task_transcendentals(task: dict, axes: dict[str, int]) -> float:
+    """The task's `transcendentals` (exp, log… per call), 0 where it declares none."""
+    return _task_count(task, "transcendentals", axes)
+
+
+def _task_count(task: dict, field: str, axes: dict[str, int]) -> float:
+    f = task.get(field)
     if not f:
         return 0.0
     try:

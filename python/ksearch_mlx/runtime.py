@@ -637,12 +637,33 @@ class CompiledCandidate:
         ``init_value`` fills the outputs of every launch that writes a task output before it
         runs (MLX's ``init_value``); without it outputs start uninitialised.
         """
+        return self.run(inputs, axes, init_value)[0]
+
+    def run(
+        self,
+        inputs: dict[str, Any],
+        axes: dict[str, int],
+        init_value: Optional[float] = None,
+        guard_bytes: int = 0,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """As a call, and with ``guard_bytes`` > 0 every task output is allocated that many
+        bytes longer, as a flat buffer, and returned as a view of its first elements in its
+        shape; the second value holds the tails (``{output name: flat array}``). MLX hands an
+        output to the kernel as a bare pointer (no shape), so the body cannot tell. With
+        ``init_value`` the tails hold it too: a write past the end changes them."""
         plans = self.plan(axes)
         buffers = self._check_inputs(inputs, axes)
+        tails: dict[str, Any] = {}
         for s, p in zip(self.static, plans):
+            shapes, cuts = [], []
+            for name, shape, dt in zip(p.outputs, p.output_shapes, p.output_dtypes):
+                extra = guard_bytes // DTYPE_SIZES[dt] if guard_bytes > 0 and name in self.output_names else 0
+                n = math.prod(shape)
+                shapes.append([n + extra] if extra else list(shape))
+                cuts.append(n if extra else None)
             kwargs: dict[str, Any] = dict(
                 inputs=[buffers[n] for n in p.inputs],
-                output_shapes=[list(shape) for shape in p.output_shapes],
+                output_shapes=shapes,
                 output_dtypes=[mx_dtype(d) for d in p.output_dtypes],
                 grid=p.grid,
                 threadgroup=p.threadgroup,
@@ -651,6 +672,10 @@ class CompiledCandidate:
             if init_value is not None and p.writes_task_output:
                 kwargs["init_value"] = float(init_value)
             outs = self._kernel(s, p.shared)(**kwargs)
-            for name, arr in zip(p.outputs, outs):
-                buffers[name] = arr
-        return {name: buffers[name] for name in self.output_names}
+            for name, shape, n, arr in zip(p.outputs, p.output_shapes, cuts, outs):
+                if n is None:
+                    buffers[name] = arr
+                else:
+                    buffers[name] = arr[:n].reshape(shape)
+                    tails[name] = arr[n:]
+        return {name: buffers[name] for name in self.output_names}, tails

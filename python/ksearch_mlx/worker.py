@@ -25,11 +25,14 @@ from . import __version__
 # A device fault leaves MLX's CUDA context unusable: the worker says why on stderr and exits
 # with the code the Rust CUDA worker uses, so the supervisor reports a crash and starts afresh.
 FAULT_EXIT_CODE = 75
-# Bytes over measured copy bandwidth, with the slack the Rust CUDA worker uses.
+# The byte peak is the measured copy bandwidth over this (as the Rust CUDA device states it,
+# crates/eval/src/cuda.rs): a kernel that mostly reads can beat a copy by a little.
 FLOOR_SLACK = 0.8
-# An upper bound on any device's arithmetic peak (flop/s): the flops floor never rejects an
-# honest time, it only catches kernels that skip the work.
+# Upper bounds on any device's arithmetic and special-function peaks (per second), those of
+# the Rust CUDA device: the floor never rejects an honest time, it only catches kernels that
+# skip the work.
 PEAK_FLOPS = 1000e12
+PEAK_TRANSCENDENTALS = 4.5e12
 FLUSH_BYTES = {"mlx-cuda": 256 << 20, "mlx-metal": 64 << 20}
 
 
@@ -111,39 +114,10 @@ def die(message: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-# A timed sample should last at least this long, so that MLX's fixed cost per eval +
-# synchronize (~80 us on an H200) does not swamp a small kernel; at most this many calls are
-# queued into one sample.
-BATCH_TARGET_US = 1000.0
-BATCH_MAX = 16
-# Inputs are rotated through copies inside a batch while `copies * working set` stays under
-# this, so that the queued calls do not all find their inputs in the last-level cache.
-ROTATE_BYTES = 512 << 20
-
-
-def choose_batch(one_call_us: float, working_set_bytes: float) -> tuple[int, int]:
-    """(calls per timed sample, input copies to rotate through) for a call that takes
-    `one_call_us` including MLX's fixed eval + synchronize cost."""
-    if one_call_us <= 0 or one_call_us >= BATCH_TARGET_US:
-        return 1, 1
-    batch = max(1, min(BATCH_MAX, int(BATCH_TARGET_US // one_call_us)))
-    copies = max(1, min(batch, int(ROTATE_BYTES // max(1.0, working_set_bytes))))
-    return batch, copies
-
-
-def time_reps(
-    run: Callable[[], None],
-    timing: dict,
-    flush: Optional[Callable[[], None]],
-    batch: int = 1,
-    run_batch: Optional[Callable[[int], None]] = None,
-) -> list[float]:
-    """Warm-up calls, then timed repetitions (microseconds per call) until `min_reps` and
+def time_reps(run: Callable[[], None], timing: dict, flush: Optional[Callable[[], None]]) -> list[float]:
+    """Warm-up calls, then timed repetitions (microseconds each) until `min_reps` and
     `target_ms`, at most `max_reps`; `flush` runs between repetitions, outside the timed region.
-    With `batch` > 1 each repetition times `run_batch(batch)` — that many calls queued back to
-    back and evaluated together, as in a model's graph — and counts a `batch`-th of it."""
-    if batch > 1 and run_batch is None:
-        raise ValueError("time_reps: a batch needs run_batch")
+    A plain loop for measurements of MLX itself; candidates are timed by the judge (judge.py)."""
     for _ in range(int(timing.get("warmup", 2))):
         run()
     max_reps = max(1, int(timing.get("max_reps", 50)))
@@ -155,11 +129,8 @@ def time_reps(
         if flush is not None and timing.get("flush", True):
             flush()
         t = time.perf_counter()
-        if batch > 1:
-            run_batch(batch)
-        else:
-            run()
-        samples.append((time.perf_counter() - t) * 1e6 / batch)
+        run()
+        samples.append((time.perf_counter() - t) * 1e6)
         if len(samples) >= min_reps and (time.perf_counter() - started) * 1e3 >= target_ms:
             break
     return samples
@@ -238,13 +209,12 @@ class Worker:
         mx.eval(self._flush_src + 1.0)
         mx.synchronize()
 
-    def floors(self, task: dict, backend: str, axes: dict[str, int]) -> tuple[float, float, float]:
-        from .data import min_bytes, task_flops
+    def peaks(self) -> Any:
+        """What this device states for the floor rule: the measured copy bandwidth over
+        FLOOR_SLACK, and generous arithmetic and special-function peaks."""
+        from .judge import Peaks
 
-        nbytes = min_bytes(task, backend, axes)
-        flops = task_flops(task, axes)
-        floor_s = max(FLOOR_SLACK * nbytes / self.copy_bps(), flops / PEAK_FLOPS)
-        return nbytes, flops, floor_s * 1e6
+        return Peaks(bytes=self.copy_bps() / FLOOR_SLACK, flops=PEAK_FLOPS, transcendentals=PEAK_TRANSCENDENTALS)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -320,107 +290,51 @@ class Worker:
         return [(p.name, p.template, p.shared) for p in cc.plan(axes)]
 
     def _run_workload(self, req: dict, cc: Any, w: dict, res: dict, reply: dict, compiled: Callable[[], None]) -> bool:
-        """Check and time one workload; True when the evaluation must stop (compile error)."""
-        from .data import as_f32, check_outputs, draw_inputs, poison_value, summarize
-        from .reference import compute
-        from .runtime import tensor_dtype
+        """Check and time one workload (judge.py); True when the evaluation must stop (compile
+        error)."""
+        from .judge import GUARD_BYTES, Judge, RunError
 
-        mx = self.mx
-        task, backend, axes = req["task"], req["backend"], w["axes"]
-        res["bytes"], res["flops"], res["floor_us"] = self.floors(task, backend, axes)
+        axes = w["axes"]
         try:
             instances = self._instances(cc, axes)
         except Exception as e:
             res["failure"] = {"class": classify(e)[0], "message": one_line(classify(e)[1])}
             return False
-        inputs = draw_inputs(task, backend, axes, int(w["seed"]))
-        # The reference first, evaluated on its own, so it never shares a graph with the kernel.
-        refs = compute(task, as_f32(inputs), axes)
-        poison = poison_value([tensor_dtype(task, backend, t) for t in task.get("outputs", [])])
-
-        def run(init: Optional[float]) -> dict:
-            outs = cc(inputs, axes, init_value=init)
-            mx.eval(list(outs.values()))
-            mx.synchronize()
-            return outs
-
         # MLX 0.32 keeps custom kernels in memory only (its PTX disk cache holds its own JIT
         # kernels): they are cached when this process compiled these instantiations before.
         seen = all(i in self._compiled for i in instances)
-        t = time.perf_counter()
+
+        def first(seconds: float) -> None:
+            reply["compile"]["seconds"] += seconds
+            reply["compile"]["cached"] = seen if not self._first_calls else (reply["compile"]["cached"] and seen)
+            self._first_calls += 1
+            self._compiled.update(instances)
+            compiled()
+
+        judge = Judge(
+            task=req["task"],
+            backend=req["backend"],
+            timing=req.get("timing") or {},
+            peaks=self.peaks(),
+            flush=self.flush,
+            check_only=bool(req.get("check_only", False)),
+            on_first=first,
+        )
         try:
-            outs = run(poison)
-        except Exception as e:
-            cls, msg = classify(e)
-            if cls == "compile":
+            judge.workload(lambda inputs, init: cc.run(inputs, axes, init, GUARD_BYTES), w, res)
+        except RunError as e:
+            cls, msg = classify(e.exc)
+            if e.first and cls == "compile":
                 reply["compile"]["log"] = msg
                 where = "" if not reply["workloads"] else f"workload {w.get('label', '')}: "
                 reply["failure"] = {"class": "compile", "message": one_line(where + msg)}
                 return True
-            res["failure"] = {"class": cls, "message": one_line(msg)}
-            return False
-        first_s = time.perf_counter() - t
-        reply["compile"]["seconds"] += first_s
-        reply["compile"]["cached"] = seen if not self._first_calls else (reply["compile"]["cached"] and seen)
-        self._first_calls += 1
-        self._compiled.update(instances)
-        compiled()
-        res["check"], res["failure"] = check_outputs(task, backend, outs, refs, poison)
-        del outs
-        if res["failure"] is not None or req.get("check_only", False):
-            return False
-        try:
-            batch, run_batch = self._batcher(lambda x: cc(x, axes), inputs, res["bytes"], lambda: run(None))
-            samples = time_reps(lambda: run(None), req.get("timing") or {}, self.flush, batch, run_batch)
-            res_note = f"{batch} calls per timed sample" if batch > 1 else ""
-            if res_note:
-                reply["resources"]["raw"] = (reply["resources"].get("raw", "") + f"\n{w.get('label', '')}: {res_note}").strip()
-            reply["kernel_s"] += sum(samples) / 1e6
-            # The timed runs must still compute the right thing (no state carried over).
-            outs = run(poison)
-        except Exception as e:
-            cls, msg = classify(e)
-            res["failure"] = {"class": cls, "message": one_line(f"while timing: {msg}")}
-            return False
-        check, failure = check_outputs(task, backend, outs, refs, poison)
-        timing = summarize(samples)
-        res["timing"] = timing
-        if failure is not None:
-            failure["message"] = f"after timing: {failure['message']}"
-            res["check"], res["failure"] = check, failure
-        elif timing is not None and timing["median_us"] < res["floor_us"]:
-            res["failure"] = {
-                "class": "below_floor",
-                "message": (
-                    f"median {timing['median_us']:.2f} us is below the physical floor {res['floor_us']:.2f} us "
-                    f"({res['bytes']:.3e} bytes at {self.copy_bps() / 1e12:.2f} TB/s, {res['flops']:.3e} flops)"
-                ),
-            }
+            res["failure"] = {"class": cls, "message": one_line(msg if e.first else f"while timing: {msg}")}
+        finally:
+            reply["kernel_s"] += judge.kernel_s
+            if judge.raw:
+                reply["resources"]["raw"] = (reply["resources"].get("raw", "") + "\n" + "\n".join(judge.raw)).strip()
         return False
-
-    def _batcher(
-        self, call: Callable[[dict], Any], inputs: dict, working_set: float, run_one: Callable[[], Any]
-    ) -> tuple[int, Optional[Callable[[int], None]]]:
-        """How many calls of `call` one timed sample queues, and the function that runs them,
-        from one probe call. Inputs rotate through copies (fresh arrays, not views) so that
-        queued calls read different memory."""
-        mx = self.mx
-        run_one()  # warm, so the probe times the call and not a compile
-        t = time.perf_counter()
-        run_one()
-        batch, ncopies = choose_batch((time.perf_counter() - t) * 1e6, working_set)
-        if batch <= 1:
-            return 1, None
-        sets = [inputs] + [{k: mx.array(v) + mx.zeros((), dtype=v.dtype) for k, v in inputs.items()} for _ in range(ncopies - 1)]
-        mx.eval([a for d in sets for a in d.values()])
-
-        def run_batch(k: int) -> None:
-            outs = [call(sets[i % len(sets)]) for i in range(k)]
-            flat = [a for o in outs for a in (o.values() if isinstance(o, dict) else o)]
-            mx.eval(flat)
-            mx.synchronize()
-
-        return batch, run_batch
 
     def baseline(self, req: dict, progress: Callable[[str], None]) -> dict:
         reply = empty_reply(req.get("id", 0))
@@ -440,11 +354,9 @@ class Worker:
 
     def _baseline(self, req: dict, reply: dict, progress: Callable[[str], None]) -> None:
         from .baselines import BASELINES, describe
-        from .data import as_f32, check_outputs, draw_inputs, summarize
-        from .reference import compute
+        from .judge import Judge, RunError
         from .runtime import mx_dtype, tensor_dtype
 
-        mx = self.mx
         task = req["task"]
         backend = req.get("backend", self.backend)
         name = task.get("reference", "")
@@ -453,47 +365,41 @@ class Worker:
             return
         fn = BASELINES[name]
         out_specs = task.get("outputs", [])
+        consts = task.get("constants") or {}
         reply["resources"]["raw"] = describe(name)
         progress("compiled")
         workloads = req.get("workloads", [])
-        notes: list[str] = []
+        # The baseline is what users run: its check is reported, not held against it (mlx-lm's
+        # Mamba forms delta * x * B in f16, so its f32 state is f16-accurate). It is timed on
+        # the same pools and fresh windows as a candidate.
+        judge = Judge(
+            task=task,
+            backend=backend,
+            timing=req.get("timing") or {},
+            peaks=self.peaks(),
+            flush=self.flush,
+            check_only=bool(req.get("check_only", False)),
+            strict=False,
+            on_first=lambda s: reply.__setitem__("kernel_s", reply["kernel_s"] + s),
+        )
+
+        def call(inputs: dict, init: Optional[float]) -> dict:
+            outs = fn(inputs, axes, consts)
+            return {s["name"]: o.astype(mx_dtype(tensor_dtype(task, backend, s))) for s, o in zip(out_specs, outs)}
+
         for i, w in enumerate(workloads):
             axes = w["axes"]
             res = workload_result(w)
-            res["bytes"], res["flops"], res["floor_us"] = self.floors(task, backend, axes)
-            inputs = draw_inputs(task, backend, axes, int(w["seed"]))
-            refs = compute(task, as_f32(inputs), axes)
-
-            def run() -> dict:
-                outs = fn(inputs, axes, task.get("constants") or {})
-                outs = {s["name"]: o.astype(mx_dtype(tensor_dtype(task, backend, s))) for s, o in zip(out_specs, outs)}
-                mx.eval(list(outs.values()))
-                mx.synchronize()
-                return outs
-
             try:
-                t = time.perf_counter()
-                outs = run()
-                reply["kernel_s"] += time.perf_counter() - t
-                # The baseline is what users run: its check is reported, not held against it
-                # (mlx-lm's Mamba forms delta * x * B in f16, so its f32 state is f16-accurate).
-                res["check"], off = check_outputs(task, backend, outs, refs, None)
-                if off is not None:
-                    notes.append(f"{w.get('label', '')}: {off['message']}")
-                del outs
-                if not req.get("check_only", False):
-                    consts = task.get("constants") or {}
-                    batch, run_batch = self._batcher(lambda x: fn(x, axes, consts), inputs, res["bytes"], run)
-                    samples = time_reps(run, req.get("timing") or {}, self.flush, batch, run_batch)
-                    reply["kernel_s"] += sum(samples) / 1e6
-                    res["timing"] = summarize(samples)
-            except Exception as e:
-                cls, msg = classify(e)
+                judge.workload(call, w, res)
+            except RunError as e:
+                cls, msg = classify(e.exc)
                 res["failure"] = {"class": "infra" if cls == "compile" else cls, "message": one_line(msg)}
             reply["workloads"].append(res)
             progress(f"workload {i + 1}/{len(workloads)}")
-        if notes:
-            reply["compile"]["log"] = "outside tolerance (reported, not a failure): " + "; ".join(notes)
+        reply["kernel_s"] += judge.kernel_s
+        if judge.notes:
+            reply["compile"]["log"] = "outside tolerance (reported, not a failure): " + "; ".join(judge.notes)
 
 
 def empty_reply(id_: Any) -> dict:

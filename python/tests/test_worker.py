@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from conftest import PYTHON_DIR, load_task
 
-from ksearch_mlx import runtime, worker
+from ksearch_mlx import judge, runtime, worker
 
 TIMING = {"warmup": 1, "min_reps": 3, "max_reps": 5, "target_ms": 1.0, "flush": True}
 SOFTMAX_W = {"label": "rows=4,cols=24", "axes": {"rows": 4, "cols": 24}, "seed": 91823}
@@ -192,7 +192,8 @@ def test_prints_cannot_reach_the_channel():
 
 
 def fake_kernel(behaviour):
-    """Emulates an MLX custom-kernel call for the softmax task."""
+    """Emulates an MLX custom-kernel call for the softmax task: an output of the shape asked
+    for (flat, with the judge's guard tail), filled with `init_value` where not written."""
 
     def call(*, inputs, output_shapes, output_dtypes, grid, threadgroup, template, init_value=None):
         if behaviour == "compile_error":
@@ -210,7 +211,13 @@ def fake_kernel(behaviour):
             y = y * mx.array(math.nan)
         if behaviour == "wrong":
             y = y * 1.5
-        return [y.astype(output_dtypes[0])]
+        size = math.prod(output_shapes[0])
+        flat = y.reshape(-1)
+        tail = mx.full((size - flat.size,), init_value if init_value is not None else 0.0)
+        if behaviour == "past":
+            tail = mx.concatenate([tail[:16], mx.array([1.0]), tail[17:]])
+        out = mx.concatenate([flat, tail]).reshape(output_shapes[0])
+        return [out.astype(output_dtypes[0])]
 
     return call
 
@@ -253,12 +260,14 @@ def test_check_only_skips_timing(fake_worker):
     assert all(w["timing"] is None and w["failure"] is None for w in reply["workloads"])
 
 
-@pytest.mark.parametrize("body, cls", [("half", "unwritten"), ("nan", "nan"), ("wrong", "wrong")])
+@pytest.mark.parametrize("body, cls", [("half", "unwritten"), ("nan", "nan"), ("wrong", "wrong"), ("past", "out_of_bounds")])
 def test_bad_results_are_classified(fake_worker, body, cls):
     events, reply = run_eval(fake_worker, body)
     assert events[0] == "compiled" and len(events) == 3
     w = reply["workloads"][0]
     assert w["failure"]["class"] == cls and "output `y`" in w["failure"]["message"]
+    if cls == "out_of_bounds":
+        assert "1 elements written past its end (first 16 elements after it)" in w["failure"]["message"]
     assert w["timing"] is None
     if cls == "unwritten":
         assert w["check"]["unwritten"] == 4 * 12 and w["check"]["first_bad"][1] == "never written"
@@ -341,6 +350,8 @@ def test_baseline_results_off_tolerance_are_reported_not_failed():
     w._copy_bps = 1e11
     w.flush = lambda: None
     task = load_task("mamba_step")
+    # mlx-lm forms delta * x * B in f16, so its f32 state is f16-accurate: far outside this.
+    task["tolerance"]["f32"] = {"atol": 1e-9, "rtol": 1e-9}
     wl = {"label": "small", "axes": {"batch": 2, "D": 8, "N": 4}, "seed": 1234}
     req = {"op": "baseline", "id": 3, "task": task, "backend": "declared", "workloads": [wl], "timing": TIMING}
     stages = []
@@ -348,28 +359,16 @@ def test_baseline_results_off_tolerance_are_reported_not_failed():
     assert stages == ["compiled", "workload 1/1"]
     res = reply["workloads"][0]
     assert reply["failure"] is None and res["failure"] is None and res["timing"]["reps"] >= 3
-    # mlx-lm's f16 products leave its f32 state a little outside the f32 tolerance here.
     assert res["check"]["mismatches"] > 0
     assert "outside tolerance (reported, not a failure): small: output `state_out`" in reply["compile"]["log"]
 
 
-def test_small_calls_are_timed_in_batches_with_rotated_inputs():
-    # ~85 us per call (MLX's fixed cost dominates): a dozen calls per sample, inputs rotated
-    assert worker.choose_batch(85.0, 1e6) == (11, 11)
-    # a big working set: batched, but as few copies as fit the rotation budget
-    assert worker.choose_batch(85.0, 200e6) == (11, 2)
+def test_small_calls_are_timed_in_batches_over_rotated_pools():
+    # ~85 us per call (MLX's fixed cost dominates): a dozen calls per sample, pools rotated
+    assert judge.choose_batch(85.0, 1e6) == (11, 11)
+    # a big working set: batched, but as few pool sets as fit the rotation budget
+    assert judge.choose_batch(85.0, 100e6) == (11, 2)
     # calls of a millisecond or more, or unmeasured: one per sample
-    assert worker.choose_batch(1500.0, 1e6) == (1, 1)
-    assert worker.choose_batch(0.0, 1e6) == (1, 1)
-    assert worker.choose_batch(1.0, 1.0)[0] == worker.BATCH_MAX
-    calls, batches = [], []
-    samples = worker.time_reps(
-        lambda: calls.append(1),
-        {"warmup": 1, "min_reps": 4, "max_reps": 4, "target_ms": 0.0, "flush": False},
-        None,
-        batch=8,
-        run_batch=batches.append,
-    )
-    assert len(samples) == 4 and batches == [8, 8, 8, 8] and calls == [1]
-    with pytest.raises(ValueError):
-        worker.time_reps(lambda: None, {}, None, batch=2)
+    assert judge.choose_batch(1500.0, 1e6) == (1, 1)
+    assert judge.choose_batch(0.0, 1e6) == (1, 1)
+    assert judge.choose_batch(1.0, 1.0)[0] == judge.BATCH_MAX
