@@ -2,9 +2,12 @@
 """The adversarial suite for any back-end, from the same table as the CPU suite in CI
 (crates/cli/tests/fixtures/hostile/expect.toml): every hostile kernel through `ksearch bench`,
 then all of them through one `ksearch run`, each compared with the outcomes it may have.
-Prints a table and exits 1 if any kernel ends otherwise. Used on the GPU machine for CUDA:
+Prints a table and exits 1 if any kernel ends otherwise. Used on the GPU machine for CUDA and
+for MLX's CUDA back-end (the Python worker: MLX with mlx-cuda installed for `$KSEARCH_PYTHON`,
+default python3; the `python/` folder beside the binary's ancestors is found by ksearch):
 
     python3 scripts/hostile-suite.py --backend cuda --ksearch .gpu/ksearch
+    python3 scripts/hostile-suite.py --backend mlx-cuda --ksearch .gpu/ksearch
 """
 import argparse
 import os
@@ -16,15 +19,17 @@ import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "crates/cli/tests/fixtures")
-EXT = {"cpu": "cpp", "cuda": "cu"}
+EXT = {"cpu": "cpp", "cuda": "cu", "mlx-cuda": "cu"}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--backend", default="cuda", choices=sorted(EXT))
     ap.add_argument("--ksearch", default=os.path.join(ROOT, "target/release/ksearch"))
     a = ap.parse_args()
     a.ksearch = os.path.abspath(a.ksearch)
+    if not os.access(a.ksearch, os.X_OK):
+        sys.exit(f"hostile-suite: no ksearch binary at {a.ksearch} (build one: cargo build --release)")
     with open(os.path.join(FIX, "hostile/expect.toml"), "rb") as f:
         expect = tomllib.load(f)[a.backend]
     d = tempfile.mkdtemp()
