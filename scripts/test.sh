@@ -2,9 +2,10 @@
 # Every test of ksearch, with what they need installed first. Needs only the Rust toolchain,
 # a C++ compiler and Python 3 with pip; no GPU (GPU tests live in scripts/gpu-tests.sh and
 # skip themselves here).
-#   1. cargo test: unit, property, snapshot and integration tests (the real binary, real
-#      compiler, real workers, real SQLite, local HTTP servers for the LLM paths);
-#   2. NVRTC compile check of every shipped CUDA kernel (pip's nvidia-cuda-nvrtc, no GPU);
+#   1. NVRTC compile check of every shipped CUDA kernel (pip's nvidia-cuda-nvrtc, no GPU);
+#   2. cargo test: unit, property, snapshot and integration tests (the real binary, real
+#      compiler, real workers, real SQLite, local HTTP servers for the LLM paths; the
+#      `export --torch` modules compiled with that NVRTC);
 #   3. the Linux-side check of every Metal kernel source (rules + syntax with a shim header);
 #   4. the MLX worker's own tests (python/tests, on MLX's CPU back-end).
 # The MLX worker runs from a virtual environment made by scripts/mlx-venv.sh (MLX's CPU
@@ -17,13 +18,14 @@ echo "== MLX environment (CPU back-end) =="
 KSEARCH_PYTHON=$(bash scripts/mlx-venv.sh)
 export KSEARCH_PYTHON KSEARCH_REQUIRE_MLX=1
 
-echo "== cargo test =="
-cargo test --workspace --no-fail-fast
-
+# First, as it installs pip's NVRTC, which the exports' compile checks in cargo test need too.
 echo "== NVRTC compile check of the CUDA kernels =="
 bash scripts/nvrtc-check.sh
 echo "== NVRTC compile check of the hostile CUDA fixtures (run on the GPU by scripts/hostile-suite.py) =="
 bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
+
+echo "== cargo test =="
+KSEARCH_REQUIRE_NVRTC=1 cargo test --workspace --no-fail-fast
 
 if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
     echo "== Metal sources: rules and syntax =="

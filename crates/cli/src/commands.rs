@@ -39,7 +39,7 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
         Cmd::Runs => runs(g),
         Cmd::Tree { run, all } => tree(g, run, all),
         Cmd::Best { run, output, json } => best(g, run, output.as_deref(), json),
-        Cmd::Export { run, mlx, output } => export(g, run, mlx, &output),
+        Cmd::Export { run, mlx, torch, output } => export(g, run, mlx, torch, &output),
         Cmd::Bench {
             task,
             kernel,
@@ -776,12 +776,15 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
 /// `ksearch export <run> --mlx -o file.py`: the runtime of `python/ksearch_mlx/runtime.py`, the
 /// task and the best candidate as JSON, and the task's functions (`export_tail.py`), in one file
 /// that needs only MLX (and mlx-lm for `patch_mlx_lm`).
-fn export(g: &Global, run_id: i64, mlx: bool, output: &Path) -> Result<i32> {
-    if !mlx {
-        bail!("say what to export for: --mlx (the only target so far)");
+fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Result<i32> {
+    if !mlx && !torch {
+        bail!("say what to export for: --mlx (a run on mlx-cuda or mlx-metal) or --torch (a run on cuda)");
     }
     let fc = file_config(g)?;
     let store = open_store(g, &fc)?;
+    if torch {
+        return crate::torch_export::export(&store, run_id, output);
+    }
     let row = store.run(run_id)?;
     if !crate::driver::is_mlx(&row.backend) {
         bail!(

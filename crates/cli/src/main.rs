@@ -9,6 +9,7 @@ mod driver;
 mod kb_cmd;
 mod llm_planner;
 mod planner;
+mod torch_export;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -132,8 +133,12 @@ enum Cmd {
     Export {
         run: i64,
         /// A Python module of MLX functions (the run must be on an MLX back-end).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "torch")]
         mlx: bool,
+        /// A Python module of PyTorch functions running the CUDA kernel (the run must be on the
+        /// cuda back-end): a drop-in for SDPA (attention), mamba_ssm's selective scan (mamba_scan).
+        #[arg(long)]
+        torch: bool,
         /// Where to write the module.
         #[arg(short, long)]
         output: PathBuf,
