@@ -9,16 +9,17 @@ returns its outputs, either ``{name: array}`` or ``({name: array}, {name: guard 
   offset, so no call sees inputs it has seen before at that address (a cache keyed on the
   address, or one that ignores its inputs, returns another window's results). A window is a
   view: an MLX slice of a contiguous array shares its buffer, and a row-contiguous view reaches
-  a custom kernel as a pointer into the pool, without a copy. Windows start a multiple of 16
-  bytes into their pool (which MLX's GPU allocators align further), so vector loads stay legal. Calls queued in one timed sample rotate through several pools,
+  a custom kernel as a pointer into the pool, without a copy. Windows start 256 bytes apart
+  where the pool has room for 1024 such windows, else closer, down to 16 (``window_step``):
+  vector loads stay aligned, and large inputs meet memory as a buffer of their own would. Calls queued in one timed sample rotate through several pools,
   so that they do not all read the same memory.
 - **Outputs**: the first and the last call are poisoned with a fresh random value
   (``data.random_poison``) and checked. Timed calls are not poisoned (no fill inside the timed
   region), so a poisoned call looks different from a timed one: one timed call, chosen at
   random among the first ``min_reps`` samples and inside its sample's batch, keeps its outputs
   and is checked in full as well, so a kernel that works only when it sees a poison fails.
-  Every task output has a guard tail (``GUARD_BYTES``) that a poisoned call fills; a write
-  there is ``out_of_bounds``.
+  In a poisoned call every task output has a guard tail (``GUARD_BYTES``), filled with the
+  poison; a write there is ``out_of_bounds``.
 - **Checks**: after the call's outputs were evaluated and read back, the pools are compared
   with the host's copy, byte for byte (``mutated_input``); then the reference of exactly that
   call's windows is computed from the host copy, compared element by element, and freed, with
@@ -52,9 +53,14 @@ from .data import (
 )
 from .runtime import DTYPE_SIZES, mx_dtype, tensor_dtype, tensor_shape
 
-# Every window starts at a multiple of this many bytes into its pool (which MLX allocates
-# aligned): 16-byte vector loads of an honest kernel stay aligned.
-ALIGN_BYTES = 16
+# Window starts, in bytes into their pool (which MLX allocates aligned): a multiple of
+# ALIGN_BYTES (the alignment of a buffer of its own, so a window's rows meet the same memory
+# sectors, and time the same, wherever it lies) where the pool has room for MIN_WINDOWS such
+# windows, else of a smaller power of two, down to MIN_ALIGN_BYTES (16-byte vector loads of an
+# honest kernel stay aligned).
+ALIGN_BYTES = 256
+MIN_ALIGN_BYTES = 16
+MIN_WINDOWS = 1024
 # Bytes past the end of every task output that a poisoned call fills and the judge reads back.
 GUARD_BYTES = 4096
 # A timed sample should last at least this long, so that MLX's fixed cost per eval +
@@ -96,6 +102,14 @@ def choose_batch(one_call_us: float, working_set_bytes: float) -> tuple[int, int
     return batch, sets
 
 
+def window_step(extra: int, itemsize: int) -> int:
+    """Elements between two window starts in a pool `extra` elements longer than its input."""
+    step = ALIGN_BYTES
+    while step > MIN_ALIGN_BYTES and extra * itemsize // step < MIN_WINDOWS:
+        step //= 2
+    return max(1, step // itemsize)
+
+
 class RunError(Exception):
     """A call of the candidate raised `exc`; `first`: the workload's first (compiling) call."""
 
@@ -118,15 +132,23 @@ class PoolSet:
         self.device = draw_pools(task, backend, axes, seed, set_index)
         self.host = {name: self._bits(name, dt) for name, dt, _, _ in self.specs}
         self.nbytes = sum(int(a.nbytes) for a in self.device.values())
+        mx.clear_cache()  # the copies read from the host: no later output reuses their pages
 
     def _bits(self, name: str, dt: str) -> np.ndarray:
-        return np.array(self.device[name].view(_BITS[DTYPE_SIZES[dt]]))
+        """A pool's bytes, read on the host from a device copy: on MLX's CUDA back-end memory
+        is managed, and reading the pool itself would move its pages to the host, to be
+        faulted back during timed calls."""
+        copy = self.device[name].view(_BITS[DTYPE_SIZES[dt]]) + 0
+        mx.eval(copy)
+        bits = np.array(copy)
+        del copy
+        return bits
 
     def offsets(self, rng: random.Random) -> dict[str, int]:
         """A fresh random window per input (element offsets, aligned)."""
         out = {}
         for name, dt, _, n in self.specs:
-            step = max(1, ALIGN_BYTES // DTYPE_SIZES[dt])
+            step = window_step(self.device[name].size - n, DTYPE_SIZES[dt])
             out[name] = step * rng.randrange((self.device[name].size - n) // step + 1)
         return out
 
@@ -310,15 +332,17 @@ class Judge:
         samples: list[float] = []
         spent = 0.0
         turn = 0
-        while len(samples) < max_reps:
+
+        def plan_batch() -> list:
+            nonlocal turn
             plan = []
             for _ in range(batch):
                 pools = sets[turn % len(sets)]
                 turn += 1
                 plan.append((pools, *fresh(pools)))
-            if self.flush is not None and self.timing.get("flush", True):
-                self.flush()
-            keep = spot[1] if len(samples) == spot[0] else -1
+            return plan
+
+        def run_batch(plan: list) -> tuple[float, list]:
             t = time.perf_counter()
             try:
                 results = [call(v, None) for _, _, v in plan]
@@ -329,22 +353,31 @@ class Judge:
                 raise RunError(e, False) from e
             dt = time.perf_counter() - t
             self.kernel_s += dt
+            return dt, split
+
+        # An untimed batch first (and after each check, which empties MLX's buffer cache): the
+        # buffers `batch` queued calls hold at once are allocated outside the timed samples.
+        run_batch(plan_batch())
+        while len(samples) < max_reps:
+            plan = plan_batch()
+            if self.flush is not None and self.timing.get("flush", True):
+                self.flush()
+            keep = spot[1] if len(samples) == spot[0] else -1
+            dt, split = run_batch(plan)
             spent += dt
             samples.append(dt * 1e6 / batch)
             if keep >= 0:
                 pools, o, _ = plan[keep]
                 kept = self._read_back(pools, o, None, *split[keep], "a timed call")
-                del results, split, plan
+                del split, plan
                 check, failure = self.verify(kept, axes)
                 if failure is not None:
                     failure["message"] = f"a timed call: {failure['message']}"
                     res["check"], res["failure"] = check, failure
                     return
-                # Untimed: the next sample should not pay for the buffers the check freed.
-                for pools in sets:
-                    self._timed_call(call, fresh(pools)[1])
+                run_batch(plan_batch())
             else:
-                del results, split, plan
+                del split, plan
             if len(samples) >= min_reps and spent * 1e3 >= target_ms:
                 break
 
