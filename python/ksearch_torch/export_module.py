@@ -460,23 +460,33 @@ def configure(launcher=None, peer=None):
     peer). The tests run the dispatch against CPU stand-ins this way."""
     _HOOKS["launcher"], _HOOKS["peer"] = launcher, peer
     _PLANS.clear()
+    _FAST.clear()
 
 
 def run(arrays, axes):
     """Run the task's inputs (in order, already bound to `axes`): the searched kernel where it
     takes them, else the peer (warned once). Returns the outputs as a list."""
+    return _run(arrays, axes)[0]
+
+
+def _run(arrays, axes):
+    """run(), also returning the prepared launch of the kernel path (None when it fell back)."""
     launcher = _HOOKS["launcher"] or _cuda_launcher()
     try:
         reason = launcher.check(arrays)
         if reason:
             raise Unsupported(reason)
         p = decide(arrays, axes, launcher.limits(arrays))
-        outs = launcher.launch(p, arrays)
+        if hasattr(launcher, "prepare"):
+            go = launcher.prepare(p, arrays)
+            outs = go(arrays)
+        else:
+            go, outs = None, launcher.launch(p, arrays)
         STATS["kernel"] += 1
-        return outs
+        return outs, go
     except Unsupported as e:
         _note_fallback(str(e))
-        return _peer()(arrays, axes)
+        return _peer()(arrays, axes), None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -633,28 +643,17 @@ def compile_all(cc=(9, 0)):
 # Running on the GPU: torch tensors, CuPy for loading the CUBIN and launching on torch's stream
 # ---------------------------------------------------------------------------------------------------
 
-class _TorchStream:
-    """PyTorch's stream through the CUDA stream protocol, for CuPy."""
-
-    __slots__ = ("stream",)
-
-    def __init__(self, stream):
-        self.stream = stream
-
-    def __cuda_stream__(self):
-        return (0, int(self.stream.cuda_stream))
-
-
-# CUfunction_attribute values (the driver API's, stable across CUDA versions).
+# CUfunction_attribute and cudaDeviceAttr values (the CUDA API's, stable across versions).
 _ATTR_MAX_THREADS, _ATTR_STATIC_SHARED, _ATTR_MAX_DYNAMIC_SHARED = 0, 1, 8
+_DEV_MAX_THREADS, _DEV_MAX_GRID, _DEV_SHARED_OPTIN = 1, (5, 6, 7), 97
 
 
 class CudaLauncher:
-    """Runs plans on torch CUDA tensors: outputs and scratch from PyTorch's allocator, every launch
-    through CuPy on PyTorch's current stream, pointers by `data_ptr()`."""
+    """Runs plans on torch CUDA tensors: outputs and scratch from PyTorch's allocator, the CUBIN
+    loaded by CuPy, every launch through the driver (CuPy's `launchKernel`) on PyTorch's current
+    stream, pointers by `data_ptr()` in a parameter block prepared once per shape."""
 
     def __init__(self):
-        import numpy
         import torch
 
         try:
@@ -662,10 +661,11 @@ class CudaLauncher:
             from cupy_backends.cuda.api import driver
         except ImportError as e:
             raise Unsupported(f"CuPy cannot be imported ({e}); pip install cupy-cuda13x") from None
-        self.torch, self.cupy, self.np, self.driver = torch, cupy, numpy, driver
+        self.torch, self.cupy, self.driver = torch, cupy, driver
         self.dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
                        "f64": torch.float64, "i32": torch.int32}
-        self._limits, self._funcs, self._streams = {}, {}, {}
+        self._limits, self._funcs, self._prepared = {}, {}, {}
+        self._ready = threading.local()
 
     def check(self, arrays):
         t = self.torch
@@ -687,16 +687,19 @@ class CudaLauncher:
         idx = arrays[0].device.index
         lim = self._limits.get(idx)
         if lim is None:
-            at = self.cupy.cuda.Device(idx).attributes
+            at = lambda a: self.cupy.cuda.runtime.deviceGetAttribute(a, idx)  # noqa: E731
             lim = self._limits[idx] = {
-                "threads": at["MaxThreadsPerBlock"],
-                "grid": (at["MaxGridDimX"], at["MaxGridDimY"], at["MaxGridDimZ"]),
-                "shared": at["MaxSharedMemoryPerBlockOptin"],
-                "cc": (at["ComputeCapabilityMajor"], at["ComputeCapabilityMinor"]),
+                "threads": at(_DEV_MAX_THREADS),
+                "grid": tuple(at(a) for a in _DEV_MAX_GRID),
+                "shared": at(_DEV_SHARED_OPTIN),
+                "cc": tuple(self.torch.cuda.get_device_capability(idx)),
             }
         return lim
 
     def functions(self, p, idx, cc, optin):
+        """The build's kernels on device `idx`, loaded once; checks the compiled kernels' own
+        limits (threads per block, static + dynamic shared memory) and raises the dynamic
+        shared-memory limit where a launch needs more than 48 KiB."""
         key = (p.cls, idx)
         fs = self._funcs.get(key)
         if fs is None:
@@ -725,40 +728,69 @@ class CudaLauncher:
                 allowed[0] = shared
         return fs
 
-    def stream(self, idx):
-        s = self.torch.cuda.current_stream(idx)
-        key = (idx, s.cuda_stream)
-        cs = self._streams.get(key)
-        if cs is None:
-            if hasattr(self.cupy.cuda.Stream, "from_external"):
-                cs = self.cupy.cuda.Stream.from_external(_TorchStream(s))
-            else:  # CuPy before 14
-                cs = self.cupy.cuda.ExternalStream(s.cuda_stream, idx)
-            self._streams[key] = cs
-        return cs
-
-    def launch(self, p, arrays):
-        t, np = self.torch, self.np
+    def prepare(self, p, arrays):
+        """A function arrays -> outputs that runs plan `p` on the device of `arrays`: made once per
+        plan and device (raises Unsupported where the compiled kernels cannot take the plan)."""
         dev = arrays[0].device
-        idx = dev.index if dev.index is not None else t.cuda.current_device()
+        idx = dev.index if dev.index is not None else self.torch.cuda.current_device()
+        key = (p.cls, p.axis_values, idx)
+        go = self._prepared.get(key)
+        if go is not None:
+            return go
         lim = self.limits(arrays)
         fs = self.functions(p, idx, lim["cc"], lim["shared"])
-        outs = [t.empty(shape, dtype=self.dtypes[dt], device=dev) for _, shape, dt in p.outputs]
-        scratch = [t.empty(max(n, 1), dtype=t.uint8, device=dev) for _, n in p.scratch]
-        args = [np.uint64(a.data_ptr()) for a in arrays]
-        args += [np.uint64(o.data_ptr()) for o in outs]
-        args += [np.uint64(s.data_ptr()) for s in scratch]
-        args += [np.int64(v) for v in p.axis_values]
-        args = tuple(args)
-        stream = self.stream(idx)
-        if self.cupy.cuda.runtime.getDevice() == idx:
-            for (f, _, _, _), (_, grid, block, shared) in zip(fs, p.launches):
-                f(grid, block, args, shared_mem=shared, stream=stream)
-        else:
-            with self.cupy.cuda.Device(idx):
-                for (f, _, _, _), (_, grid, block, shared) in zip(fs, p.launches):
-                    f(grid, block, args, shared_mem=shared, stream=stream)
-        return outs
+        t, cupy, launch = self.torch, self.cupy, self.driver.launchKernel
+        outs_spec = [(shape, self.dtypes[dt]) for _, shape, dt in p.outputs]
+        scratch_spec = [max(n, 1) for _, n in p.scratch]
+        n_ptr = len(arrays) + len(outs_spec) + len(scratch_spec)
+        values = (ctypes.c_uint64 * (n_ptr + len(p.axis_values)))()
+        for i, v in enumerate(p.axis_values):  # `long long` axes, two's complement
+            values[n_ptr + i] = v & 0xFFFFFFFFFFFFFFFF
+        base = ctypes.addressof(values)
+        params = (ctypes.c_void_p * len(values))(*[base + 8 * i for i in range(len(values))])
+        pblock = ctypes.addressof(params)
+        launches = [(f.ptr, grid, block, shared) for (f, _, _, _), (_, grid, block, shared) in zip(fs, p.launches)]
+        lock = threading.Lock()
+        ready = self._ready
+
+        def go(arrays):
+            outs = [t.empty(shape, dtype=dt, device=dev) for shape, dt in outs_spec]
+            scratch = [t.empty(n, dtype=t.uint8, device=dev) for n in scratch_spec]
+            stream = t.cuda.current_stream(dev).cuda_stream
+            seen = getattr(ready, "devices", None)
+            if seen is None or idx not in seen:  # this thread has the device's context current
+                with cupy.cuda.Device(idx):  # (what CuPy does before a launch: a runtime call)
+                    cupy.cuda.runtime.free(0)
+                ready.devices = (seen or set()) | {idx}
+            switch = cupy.cuda.runtime.getDevice() != idx
+            with lock:  # one parameter block per plan: filled and launched under the lock
+                i = 0
+                for a in arrays:
+                    values[i] = a.data_ptr()
+                    i += 1
+                for a in outs:
+                    values[i] = a.data_ptr()
+                    i += 1
+                for a in scratch:
+                    values[i] = a.data_ptr()
+                    i += 1
+                if switch:
+                    with cupy.cuda.Device(idx):
+                        for fp, g, b, sh in launches:
+                            launch(fp, g[0], g[1], g[2], b[0], b[1], b[2], sh, stream, pblock, 0)
+                else:
+                    for fp, g, b, sh in launches:
+                        launch(fp, g[0], g[1], g[2], b[0], b[1], b[2], sh, stream, pblock, 0)
+            return outs
+
+        go.block = (values, params)  # `pblock` points into `params`: both live as long as `go`
+        if len(self._prepared) > 4096:
+            self._prepared.clear()
+        self._prepared[key] = go
+        return go
+
+    def launch(self, p, arrays):
+        return self.prepare(p, arrays)(arrays)
 
 
 _LAUNCHER = []
@@ -874,9 +906,8 @@ def torch_op():
     dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64, "i32": torch.int32}
 
     def impl(inputs: list[torch.Tensor], axes: list[int]) -> list[torch.Tensor]:
-        inputs = tuple(a.contiguous() for a in inputs)
         given = {a: v for a, v in zip(_task()["axes"], axes) if a in _EXTRA_AXES}
-        return run(inputs, bind_axes(inputs, given))
+        return _torch_call(tuple(inputs), given)
 
     try:
         op = torch.library.custom_op(f"{ns}::{name}", impl, mutates_args=())
@@ -910,8 +941,28 @@ def call(*arrays, **given):
     if arrays and _HOOKS["launcher"] is None and _is_torch(arrays[0]):
         if _compiling():
             return list(torch_op()(list(arrays), _traced_axes(arrays, given)))
-        arrays = tuple(a.contiguous() for a in arrays)
+        return _torch_call(arrays, given)
     return run(arrays, bind_axes(arrays, given))
+
+
+# (given axes, then shape, dtype and device of every input) -> the prepared kernel launch: a call
+# seen before goes straight to it (the constraints, limits and plan were checked the first time).
+_FAST = {}
+
+
+def _torch_call(arrays, given):
+    arrays = tuple(a.contiguous() for a in arrays)
+    key = (tuple(given.items()),) + tuple((a.shape, a.dtype, a.device) for a in arrays)
+    go = _FAST.get(key)
+    if go is not None:
+        STATS["kernel"] += 1
+        return go(arrays)
+    outs, go = _run(arrays, bind_axes(arrays, given))
+    if go is not None:
+        if len(_FAST) > 4096:
+            _FAST.clear()
+        _FAST[key] = go
+    return outs
 
 
 def task_function(*arrays, **axes):

@@ -433,3 +433,126 @@ def test_a_compile_failure_says_why_once(nvrtc, monkeypatch):
     with pytest.raises(m.CompileError):  # remembered, not compiled again
         m.compile_variant("default", (9, 0))
     assert len(m._CUBINS) == 1
+
+
+# ---- the CUDA launcher's plumbing, against STAND-INS for torch and CuPy -------------------------------
+
+class _Dtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+class _Device:
+    def __init__(self, type_, index):
+        self.type, self.index = type_, index
+
+    def __eq__(self, o):
+        return (self.type, self.index) == (o.type, o.index)
+
+    def __hash__(self):
+        return hash((self.type, self.index))
+
+
+class _Tensor:
+    """STAND-IN for a torch CUDA tensor: shape, dtype, device and an address."""
+
+    next_ptr = [0x7000_0000]
+
+    def __init__(self, shape, dtype, device):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, device
+        self.requires_grad = False
+        self.ptr = _Tensor.next_ptr[0]
+        _Tensor.next_ptr[0] += 0x100_0000
+
+    def data_ptr(self):
+        return self.ptr
+
+    def is_contiguous(self):
+        return True
+
+    def contiguous(self):
+        return self
+
+
+_Tensor.__module__ = "torch"
+
+
+def _fake_gpu(launched, set_attrs):
+    """STAND-INS for the parts of torch, CuPy and the CUDA driver the launcher calls; launchKernel
+    reads the parameter block back from memory, as the driver would."""
+    import contextlib
+    import ctypes
+
+    torch = types.ModuleType("torch")
+    torch.Tensor = _Tensor
+    torch.float16, torch.float32, torch.bfloat16, torch.float64, torch.int32, torch.uint8 = (
+        _Dtype(n) for n in ("float16", "float32", "bfloat16", "float64", "int32", "uint8"))
+    torch.empty = lambda shape, dtype, device: _Tensor(shape if isinstance(shape, tuple) else (shape,), dtype, device)
+    torch.is_grad_enabled = lambda: False
+    torch.compiler = types.SimpleNamespace(is_compiling=lambda: False)
+    torch.cuda = types.SimpleNamespace(
+        current_stream=lambda dev: types.SimpleNamespace(cuda_stream=0x5757),
+        get_device_capability=lambda idx: (9, 0), current_device=lambda: 0)
+    attrs = {1: 1024, 5: 2**31 - 1, 6: 65535, 7: 65535, 97: 232448}
+    runtime = types.SimpleNamespace(deviceGetAttribute=lambda a, idx: attrs[a], getDevice=lambda: 0, free=lambda p: None)
+
+    class Module:
+        def load(self, cubin):
+            assert cubin == b"CUBIN"
+
+        def get_function(self, name):
+            return types.SimpleNamespace(ptr=hash(name) & 0xFFFF, name=name)
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(runtime=runtime, Device=lambda idx: contextlib.nullcontext(),
+                                      function=types.SimpleNamespace(Module=Module))
+
+    def launch(fp, gx, gy, gz, bx, by, bz, shared, stream, pblock, extra):
+        params = ctypes.cast(pblock, ctypes.POINTER(ctypes.c_void_p))
+        n = 10  # q, k, v, o, then the six axes of attention
+        values = [ctypes.c_uint64.from_address(params[i]).value for i in range(n)]
+        launched.append(((gx, gy, gz), (bx, by, bz), shared, stream, values))
+
+    driver = types.ModuleType("cupy_backends.cuda.api.driver")
+    driver.funcGetAttribute = lambda attr, ptr: {0: 1024, 1: 0}[attr]
+    driver.funcSetAttribute = lambda ptr, attr, v: set_attrs.append((attr, v))
+    driver.launchKernel = launch
+    api = types.ModuleType("cupy_backends.cuda.api")
+    api.driver = driver
+    return {"torch": torch, "cupy": cupy, "cupy_backends": types.ModuleType("cupy_backends"),
+            "cupy_backends.cuda": types.ModuleType("cupy_backends.cuda"), "cupy_backends.cuda.api": api,
+            "cupy_backends.cuda.api.driver": driver}
+
+
+def test_the_cuda_launcher_fills_the_parameter_block_and_reuses_it(monkeypatch):
+    m = load(spec_from_task("attention", "flash_wgmma"))
+    launched, set_attrs = [], []
+    for name, mod in _fake_gpu(launched, set_attrs).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(m, "compile_variant", lambda cls, cc: b"CUBIN")
+    torch = sys.modules["torch"]
+    dev = _Device("cuda", 0)
+    q = _Tensor((1, 32, 1000, 64), torch.float16, dev)
+    k, v = (_Tensor((1, 8, 1000, 64), torch.float16, dev) for _ in range(2))
+    for _ in range(3):
+        o = m.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert o.shape == (1, 32, 1000, 64) and str(o.dtype) == "torch.float16"
+    shared = 128 * 2 * 64 + 4 * 3 * 128 * 64 + 1024  # the task's expression at NWG=2, STAGES=3, BLOCK_N=128
+    assert len(launched) == 3 and m.STATS["kernel"] == 3
+    grid, block, sh, stream, values = launched[-1]
+    assert (grid, block, sh, stream) == ((8, 32, 1), (256, 1, 1), shared, 0x5757)
+    assert values == [q.ptr, k.ptr, v.ptr, o.ptr, 1, 32, 8, 1000, 64, 1]
+    assert set_attrs == [(8, shared)]  # the dynamic shared-memory limit raised once, above 48 KiB
+    assert len(m._FAST) == 1  # calls after the first go straight to the prepared launch
+    # a shape the constraints exclude never reaches the launcher
+    m.configure(peer=lambda arrays, axes: ["peer"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x = _Tensor((1, 4, 10, 80), torch.float16, dev)
+        assert m.scaled_dot_product_attention(x, x, x) == "peer"
+        y = _Tensor((1, 4, 10, 64), torch.float16, _Device("cpu", None))
+        assert m.scaled_dot_product_attention(y, y, y) == "peer"
+    assert len(launched) == 3 and "not a CUDA device" in m.STATS["last"]
