@@ -25,7 +25,8 @@ are cached under KS_CUBIN_DIR (default .cubins) by a hash of source and options,
 saves the GPU machine the compiles.
 Environment:
   KS_SUITES=search,heldout,stress   workload sets: the task's search and held-out workloads of the
-                                    back-end, and STRESS below (small ragged / grouped-query shapes)
+                                    back-end, STRESS below (small ragged / grouped-query shapes), and
+                                    `mixed` (MIXED below: the shapes of bench/mixed_shapes.sh)
   KS_BACKENDS=cuda,mlx-cuda         kernel sets: [backends.cuda] and [backends.mlx-cuda] (wrapped bodies)
   KS_KERNELS=a,b                    only these kernels (names; `mlx:flash` for an MLX body)
   KS_MAXCFG=n or name=n,...         configurations per kernel and workload (nearest to the defaults
@@ -64,6 +65,18 @@ STRESS = {
         {"batch": 3, "L": 129, "D": 520, "N": 16},
         {"batch": 2, "L": 333, "D": 1536, "N": 8},
         {"batch": 1, "L": 1000, "D": 2048, "N": 16},
+    ],
+}
+
+# The shapes of bench/mixed_shapes.sh (KS_SUITES=mixed): head sizes 128 and 64, a prefill and a
+# decode-like batch, grouped-query heads, ragged lengths.
+MIXED = {
+    "attention": [
+        {"B": 2, "H": 16, "Hkv": 16, "L": 3072, "D": 128, "causal": 1},
+        {"B": 16, "H": 8, "Hkv": 8, "L": 512, "D": 64, "causal": 0},
+        {"B": 1, "H": 32, "Hkv": 8, "L": 1000, "D": 128, "causal": 1},
+        {"B": 2, "H": 32, "Hkv": 8, "L": 777, "D": 64, "causal": 1},
+        {"B": 4, "H": 32, "Hkv": 8, "L": 2048, "D": 128, "causal": 0},
     ],
 }
 
@@ -281,7 +294,7 @@ def plan(tasks):
                 if be not in task["backends"]:
                     continue
                 bs = task["backends"][be]
-                wls = STRESS.get(tn, []) if suite == "stress" else bs.get(suite, [])
+                wls = {"stress": STRESS, "mixed": MIXED}[suite].get(tn, []) if suite in ("stress", "mixed") else bs.get(suite, [])
                 kernels = [dict(bs["seed"], name="seed")] + bs.get("kernels", [])
                 for wi, wl in enumerate(wls):
                     flops = ev(task["flops"], wl) if task.get("flops") else 0

@@ -16,9 +16,18 @@
 // HD = 96 is laid out as 128 columns (HDP): S = Q K^T takes 6 k-steps over the loaded columns,
 // O += P V runs at N = 128 over the padded V tile and the 32 padded output columns are dropped.
 //
+// MBAR=1: per-stage mbarriers instead of a __syncthreads per tile (every thread arrives on a stage's
+// `full` barrier when its own copies land, every warp on its `empty` barrier when its last wgmma on
+// it completed), so the warpgroups drift apart by up to a tile and one's softmax overlaps the
+// other's matrix products.
+//
 // Tunables: HD (== D: 64, 96 or 128), BLOCK_N (keys per tile: 64 or 128), NWG (warpgroups per block: 1 or 2),
 // STAGES (K/V buffers: 3 or 4), SWZ (1: 128-byte swizzled tiles; 0: the no-swizzle core-matrix
-// layout). Measured on the H200 (2026-12-02, every admitted configuration, 4x32x2048x128 f16):
+// layout), MBAR (1: per-stage barriers), and BLOCK_N_D64, NWG_D64, STAGES_D64: the tiling of the
+// head-size-64 class (a candidate carries one tiling per class; the search tunes both). MBAR=1,
+// measured on the H200 (2026-12-03, bench/cuda_dev.py KS_SUITES=mixed, same process, BLOCK_N=128
+// NWG=2 STAGES=3): 2,16,3072,128 causal 229.5 -> 189.8 us, 4,32/8,2048,128 651 -> 537 us (511
+// TFLOP/s), cuDNN SDPA 165 and 436 us. Measured on the H200 (2026-12-02, every admitted configuration, 4x32x2048x128 f16):
 // SWZ=1 BLOCK_N=128 NWG=2 STAGES=3 0.617 ms (445 TFLOP/s), the best and the defaults; with SWZ=0
 // no configuration beat 1.00 ms (wgmma reading the unswizzled tiles is bound on shared-memory
 // bank conflicts). With any L and grouped-query heads (2026-12-03, same process, same shape and
@@ -39,6 +48,24 @@
 #endif
 #ifndef SWZ
 #define SWZ 1
+#endif
+#ifndef MBAR
+#define MBAR 0
+#endif
+// Head size 64 is its own shape class with its own tile configuration (BLOCK_N_D64, NWG_D64,
+// STAGES_D64): one candidate is a small dispatch table, each class tuned by the search, and
+// a search over both head sizes does not have to pick one tiling for both.
+#if HD == 64 && defined(BLOCK_N_D64)
+#undef BLOCK_N
+#define BLOCK_N BLOCK_N_D64
+#endif
+#if HD == 64 && defined(NWG_D64)
+#undef NWG
+#define NWG NWG_D64
+#endif
+#if HD == 64 && defined(STAGES_D64)
+#undef STAGES
+#define STAGES STAGES_D64
 #endif
 #define BLOCK_M (64 * NWG)
 #define NT (128 * NWG)
@@ -87,6 +114,31 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 }
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 
+// Shared-memory barriers (MBAR=1): `full` barriers say a stage's K/V tiles have landed (each thread
+// arrives once its own cp.async copies complete), `empty` barriers say every warp is done reading a
+// stage (its last wgmma on it has completed).
+__device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned a) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+// Arrive once every cp.async this thread issued so far has completed (the arrival is counted in
+// the barrier's expected count: .noinc).
+__device__ __forceinline__ void mbar_arrive_cp(unsigned a) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ bool mbar_try(unsigned a, unsigned parity) {
+    unsigned ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok) : "r"(a), "r"(parity) : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
+    while (!mbar_try(a, parity)) {
+    }
+}
+
 // Shared-memory matrix descriptor: start address, leading-dimension byte offset, stride-dimension
 // byte offset (all >> 4), layout type in bits 62-63 (0: no swizzle, 1: 128-byte swizzle).
 __device__ __forceinline__ unsigned long long mdesc(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -112,12 +164,12 @@ template <int ROWS> __device__ __forceinline__ unsigned chunk_off(int r, int j) 
 // (the plain copy, no per-chunk predicate: the common case stays as cheap as before).
 // SWZ=1: consecutive threads take consecutive chunks of a row (coalesced, conflict-free writes);
 // SWZ=0: a warp takes 4 chunks of 8 rows (64 contiguous bytes per row), writing 512 contiguous bytes.
-template <int ROWS, bool FULL = false>
+template <int ROWS, bool FULL = false, int NTH = NT>
 __device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* src, int valid, int tid) {
-    static_assert((ROWS * (HD / 8)) % NT == 0, "tile chunks must divide evenly over the block");
+    static_assert((ROWS * (HD / 8)) % NTH == 0, "tile chunks must divide evenly over the loading threads");
 #pragma unroll
-    for (int i = 0; i < ROWS * (HD / 8) / NT; i++) {
-        const int c = tid + i * NT;
+    for (int i = 0; i < ROWS * (HD / 8) / NTH; i++) {
+        const int c = tid + i * NTH;
 #if SWZ
         const int row = c / (HD / 8), j = c % (HD / 8);
 #else
@@ -131,14 +183,15 @@ __device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* sr
         }
     }
 }
-// K and V tiles of `kv` keys: the plain copy when the tile is full.
+// K and V tiles of `kv` keys by NTH threads: the plain copy when the tile is full.
+template <int NTH = NT>
 __device__ __forceinline__ void load_kv(unsigned dst, const unsigned short* ks, const unsigned short* vs, int kv, int tid) {
     if (kv == BLOCK_N) {
-        load_tile<BLOCK_N, true>(dst, ks, kv, tid);
-        load_tile<BLOCK_N, true>(dst + TILE_BYTES, vs, kv, tid);
+        load_tile<BLOCK_N, true, NTH>(dst, ks, kv, tid);
+        load_tile<BLOCK_N, true, NTH>(dst + TILE_BYTES, vs, kv, tid);
     } else {
-        load_tile<BLOCK_N>(dst, ks, kv, tid);
-        load_tile<BLOCK_N>(dst + TILE_BYTES, vs, kv, tid);
+        load_tile<BLOCK_N, false, NTH>(dst, ks, kv, tid);
+        load_tile<BLOCK_N, false, NTH>(dst + TILE_BYTES, vs, kv, tid);
     }
 }
 // ---- generated wrappers: S = Q K^T (both operands K-major in shared memory), O += P V (P from
@@ -230,6 +283,31 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     const int nt = causal ? min(ntk, (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N) : ntk;
     const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
 
+#if MBAR
+    // Per-stage barriers after the K/V ring: full[s] at sBar + 8s (every thread arrives once its own
+    // copies into the stage have landed), empty[s] at sBar + 8 (STAGES + s) (one arrival per warp
+    // once its last wgmma on the stage has completed). No block-wide barrier in the loop: a
+    // warpgroup waits only for the tiles it reads and, before refilling a stage, for every warp
+    // to be done with it, so the warpgroups may drift apart by a tile.
+    const unsigned sBar = sKV + 2 * STAGES * TILE_BYTES;
+    if (tid == 0) {
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(sBar + 8 * st, NT);
+            mbar_init(sBar + 8 * (STAGES + st), 4 * NWG);
+        }
+    }
+    __syncthreads();
+    // Q and tile 0 complete full[0]; tiles 1 .. STAGES - 3 their own stage.
+    load_tile<BLOCK_M>(sQ, q + bh * L * HD + (long long)m0 * HD, Ln - m0, tid);
+#pragma unroll
+    for (int st = 0; st < STAGES - 2; st++) {
+        if (st < nt) {
+            load_kv(sKV + 2 * st * TILE_BYTES, Kg + (long long)st * BLOCK_N * HD, Vg + (long long)st * BLOCK_N * HD,
+                    min(BLOCK_N, Ln - st * BLOCK_N), tid);
+        }
+        mbar_arrive_cp(sBar + 8 * st);
+    }
+#else
     // Q (joins the first group) and the first STAGES - 2 key/value tiles.
     load_tile<BLOCK_M>(sQ, q + bh * L * HD + (long long)m0 * HD, Ln - m0, tid);
 #pragma unroll
@@ -240,6 +318,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         }
         cp_commit();
     }
+#endif
 
     // This warpgroup's 64 rows of Q (descriptor strides above).
     const unsigned qbase = sQ + Q_WG(wg);
@@ -256,6 +335,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     // branches): tile 0 is peeled (no PV product yet); key tiles past a causal diagonal are
     // still multiplied but fully masked (their P is zero), which only happens with BLOCK_N < 64 * NWG.
     auto wait_tile = [&](int t) {
+#if MBAR
+        mbar_wait(sBar + 8 * (t % STAGES), (t / STAGES) & 1);
+        fence_proxy_async();
+        const int tl = t + STAGES - 2;  // into the stage of tile t - 2, once every warp is done with it
+        if (tl < nt) {
+            if (tl >= STAGES) mbar_wait(sBar + 8 * (STAGES + tl % STAGES), (tl / STAGES - 1) & 1);
+            load_kv(sKV + 2 * (tl % STAGES) * TILE_BYTES, Kg + (long long)tl * BLOCK_N * HD,
+                    Vg + (long long)tl * BLOCK_N * HD, min(BLOCK_N, Ln - tl * BLOCK_N), tid);
+            mbar_arrive_cp(sBar + 8 * (tl % STAGES));
+        }
+#else
         cp_wait<STAGES - 3>();
         fence_proxy_async();
         __syncthreads();  // tile t visible to all; every warpgroup done with iteration t - 1
@@ -265,6 +355,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                     Vg + (long long)tl * BLOCK_N * HD, min(BLOCK_N, Ln - tl * BLOCK_N), tid);
         }
         cp_commit();
+#endif
+    };
+    // This warp is done with the stage of tile t (MBAR=1: it may be refilled once every warp is).
+    auto release = [&](int t) {
+#if MBAR
+        if (lane == 0) mbar_arrive(sBar + 8 * (STAGES + t % STAGES));
+#endif
     };
     auto issue_s = [&](int t) {
         const unsigned kb = sKV + 2 * (t % STAGES) * TILE_BYTES;
@@ -354,6 +451,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         softmax(t);
         wg_wait<0>();                  // the PV product of tile t - 1 has landed in oacc
         pin<HDP / 2>(oacc);
+        release(t - 1);
 #pragma unroll
         for (int j = 0; j < HDP / 8; j++) {
             oacc[4 * j] *= al0;
