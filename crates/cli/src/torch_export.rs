@@ -25,8 +25,9 @@ const MAX_BUILDS: usize = 64;
 const MEASURING: [&str; 4] = ["search", "retime", "final", "heldout"];
 
 /// The drop-in a task gets, by its reference and tensor layout.
-fn peer_of(task: &Task, task_json: &Value) -> Option<(&'static str, &'static str)> {
-    let reference = task_json["reference"].as_str().unwrap_or_default();
+fn peer_of(task: &Task) -> Option<(&'static str, &'static str)> {
+    // A task that brings its own reference file has no drop-in: it gets the generic function.
+    let reference = task.reference.name().unwrap_or_default();
     let sig = |ts: &[ksearch_core::task::TensorSpec]| -> Vec<(String, Vec<String>)> {
         ts.iter().map(|t| (t.name.clone(), t.shape.clone())).collect()
     };
@@ -221,8 +222,7 @@ pub fn export(store: &Store, run_id: i64, output: &Path) -> Result<i32> {
         );
     }
 
-    let tj = serde_json::to_value(&task)?;
-    let peer = peer_of(&task, &tj);
+    let peer = peer_of(&task);
     let tensors = |ts: &[ksearch_core::task::TensorSpec]| -> Vec<Value> {
         ts.iter()
             .map(|t| {
