@@ -540,7 +540,8 @@ def test_the_cuda_launcher_fills_the_parameter_block_and_reuses_it(monkeypatch):
     for _ in range(3):
         o = m.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert o.shape == (1, 32, 1000, 64) and str(o.dtype) == "torch.float16"
-    shared = 128 * 2 * 64 + 4 * 3 * 128 * 64 + 1024  # the task's expression at NWG=2, STAGES=3, BLOCK_N=128
+    # the task expression for head size 64 at its class tiling: NWG_D64=2, STAGES_D64=4, BLOCK_N_D64=64, MBAR=1
+    shared = 128 * 2 * 64 + 4 * 4 * 64 * 64 + 1024 + 128
     assert len(launched) == 3 and m.STATS["kernel"] == 3
     grid, block, sh, stream, values = launched[-1]
     assert (grid, block, sh, stream) == ((8, 32, 1), (256, 1, 1), shared, 0x5757)

@@ -238,7 +238,8 @@ assert '-DHD=64' in S['dispatch']['HD=64']['nvrtc_options'] and S['arch']['speci
 assert m.arch_for((9, 0)) == 'sm_90a'
 # a ragged, grouped-query shape: the D=64 build, its launch sizes evaluated here
 p = m.plan(dict(B=1, H=32, Hkv=8, L=1000, D=64, causal=1))
-assert p.cls == 'HD=64' and p.launches == [('attention', (8, 32, 1), (256, 1, 1), 115712)], p
+# (the head-size-64 class's own tiling: NWG_D64=2, BLOCK_N_D64=64, STAGES_D64=4, MBAR=1)
+assert p.cls == 'HD=64' and p.launches == [('attention', (8, 32, 1), (256, 1, 1), 128 * 2 * 64 + 4 * 4 * 64 * 64 + 1024 + 128)], p
 assert p.axis_values == (1, 32, 8, 1000, 64, 1)
 for axes, why in [(dict(B=1, H=32, Hkv=8, L=100, D=80, causal=0), 'no build'),
                   (dict(B=1, H=32, Hkv=5, L=100, D=64, causal=0), 'no build')]:
