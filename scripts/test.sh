@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every test of ksearch, with what they need installed first. Needs only the Rust toolchain,
 # a C++ compiler and Python 3 with pip; no GPU (GPU tests live in scripts/gpu-tests.sh and
-# skip themselves here).
+# skip themselves here). Python packages go into a virtual environment under target/, never
+# into the system's Python; a test whose prerequisite is missing fails here instead of skipping
+# (KSEARCH_REQUIRE_MLX, KSEARCH_REQUIRE_NVRTC).
 #   1. NVRTC compile check of every shipped CUDA kernel (pip's nvidia-cuda-nvrtc, no GPU);
 #   2. cargo test: unit, property, snapshot and integration tests (the real binary, real
 #      compiler, real workers, real SQLite, local HTTP servers for the LLM paths; the
@@ -18,20 +20,25 @@ echo "== MLX environment (CPU back-end) =="
 KSEARCH_PYTHON=$(bash scripts/mlx-venv.sh)
 export KSEARCH_PYTHON KSEARCH_REQUIRE_MLX=1
 
-# First, as it installs pip's NVRTC, which the exports' compile checks in cargo test need too.
+# pip's NVRTC in the same environment (never the system's Python); every test that compiles
+# CUDA finds it through these variables and fails, rather than skips, without it.
+echo "== NVRTC (pip, in the test environment) =="
+CU13=$(PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-env.sh)
+export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KSEARCH_CUDA_INCLUDE="$CU13/include"
+export KSEARCH_REQUIRE_NVRTC=1
 echo "== NVRTC compile check of the CUDA kernels =="
-bash scripts/nvrtc-check.sh
+PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh
 echo "== NVRTC compile check of the hostile CUDA fixtures (run on the GPU by scripts/hostile-suite.py) =="
-bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
+PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
 
 echo "== cargo test =="
-KSEARCH_REQUIRE_NVRTC=1 cargo test --workspace --no-fail-fast
+cargo test --workspace --no-fail-fast
 
 if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
     echo "== Metal sources: rules and syntax =="
     bash scripts/check-metal.sh
 fi
 echo "== MLX worker tests (pytest, MLX CPU back-end) =="
-(cd python && KSEARCH_REQUIRE_NVRTC=1 "$KSEARCH_PYTHON" -m pytest -q tests)
+(cd python && "$KSEARCH_PYTHON" -m pytest -q tests)
 
 echo "all checks passed"

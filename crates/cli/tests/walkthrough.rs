@@ -101,7 +101,13 @@ fn out(o: &std::process::Output) -> String {
 /// Where pip's NVRTC 13 lives (`nvidia-cuda-nvrtc`, as `scripts/nvrtc-check.sh` installs it):
 /// (LD_LIBRARY_PATH, include folder).
 fn nvrtc_env() -> Option<(String, String)> {
-    let py = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    // scripts/test.sh exports where it installed NVRTC.
+    if let Ok(inc) = std::env::var("KSEARCH_CUDA_INCLUDE")
+        && PathBuf::from(&inc).join("cuda_fp16.h").exists()
+    {
+        return Some((std::env::var("LD_LIBRARY_PATH").unwrap_or_default(), inc));
+    }
+    let py = std::env::var("KSEARCH_PYTHON").or_else(|_| std::env::var("PYTHON")).unwrap_or_else(|_| "python3".into());
     let o = std::process::Command::new(py)
         .args([
             "-c",

@@ -17,6 +17,9 @@ use ksearch_eval::{Limits, Supervisor, WorkerSpec};
 
 fn gpu() -> bool {
     if !cuda_available() {
+        if std::env::var("KSEARCH_REQUIRE_CUDA").as_deref() == Ok("1") {
+            panic!("KSEARCH_REQUIRE_CUDA=1 (scripts/gpu-tests.sh) but no CUDA device was found");
+        }
         eprintln!("skipped: no CUDA device");
         return false;
     }

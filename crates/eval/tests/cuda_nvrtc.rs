@@ -1,9 +1,13 @@
-//! NVRTC compile checks: need only libnvrtc.so.13 (no GPU); skipped cleanly without it.
+//! NVRTC compile checks: need only libnvrtc.so.13 (no GPU); skipped without it, unless
+//! `KSEARCH_REQUIRE_NVRTC=1` (scripts/test.sh, which installs it), where they fail.
 
 use ksearch_eval::cuda::{REFERENCE_SOURCE, compile_check, compiled_entries, nvrtc_available, nvrtc_compile, nvrtc_options};
 
 fn nvrtc() -> bool {
     if !nvrtc_available() {
+        if std::env::var("KSEARCH_REQUIRE_NVRTC").as_deref() == Ok("1") {
+            panic!("KSEARCH_REQUIRE_NVRTC=1 but libnvrtc.so.13 cannot be loaded (LD_LIBRARY_PATH: scripts/nvrtc-env.sh)");
+        }
         eprintln!("skipped: no NVRTC (libnvrtc.so.13)");
         return false;
     }
