@@ -15,7 +15,24 @@ use crate::driver::{Report, RunConfig, Search, make_pool};
 use crate::planner::{Offline, Planner};
 use crate::{Cmd, Global, RunFlags};
 
+/// Commands that only print end quietly when their reader goes away (`ksearch kb rules | head
+/// -1`): the default SIGPIPE action instead of a panic in `println!`. Commands that talk to
+/// workers keep SIGPIPE ignored, so a dead worker is an error they handle.
+fn end_quietly_on_broken_pipe() {
+    #[cfg(unix)]
+    // SAFETY: resets one signal's disposition for this process; no memory is involved.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
+    if matches!(
+        cmd,
+        Cmd::Kb(_) | Cmd::Tasks | Cmd::Runs | Cmd::Tree { .. } | Cmd::Best { .. } | Cmd::Log { .. }
+    ) {
+        end_quietly_on_broken_pipe();
+    }
     match cmd {
         Cmd::Worker {
             backend,
@@ -85,6 +102,12 @@ fn store_path(g: &Global, fc: &FileConfig) -> PathBuf {
 
 fn open_store(g: &Global, fc: &FileConfig) -> Result<Store> {
     Ok(Store::open(&store_path(g, fc))?)
+}
+
+/// The store of a command that only reads: it must exist, and it is opened read-only (nothing
+/// is created, a read-only store can be read).
+fn open_store_ro(g: &Global, fc: &FileConfig) -> Result<Store> {
+    Ok(Store::open_read_only(&store_path(g, fc))?)
 }
 
 fn tasks_dir(g: &Global, fc: &FileConfig) -> Result<PathBuf> {
@@ -157,8 +180,17 @@ pub fn nvrtc_check(g: &Global, task: Option<&str>, arch: &str, max: usize) -> Re
 fn tasks(g: &Global) -> Result<i32> {
     let fc = file_config(g)?;
     let dir = tasks_dir(g, &fc)?;
-    let all = task::load_all(&dir)?;
-    for t in all {
+    let mut broken = 0;
+    for t in task::load_each(&dir)? {
+        let t = match t {
+            Ok(t) => t,
+            Err(e) => {
+                // Reported, and the other tasks are still listed.
+                eprintln!("error: {e}");
+                broken += 1;
+                continue;
+            }
+        };
         let backs: Vec<String> = t
             .backends
             .iter()
@@ -173,7 +205,7 @@ fn tasks(g: &Global) -> Result<i32> {
             .collect();
         println!("{:<12} {}  [{}]", t.name, t.description, backs.join(", "));
     }
-    Ok(0)
+    Ok(if broken == 0 { 0 } else { 2 })
 }
 
 fn resolve_backend(requested: &str, task: &Task) -> Result<String> {
@@ -276,6 +308,17 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
     }
     if let Some(v) = &f.mem_limit {
         cfg.mem_limit_bytes = parse_bytes(v)?;
+    }
+    // A worker needs a moment to start and a compiler to run: a shorter time-out could only
+    // fail every candidate (or the worker's start) with a reason that hides the cause.
+    if cfg.compile_timeout_s < 1.0 {
+        bail!(
+            "compile time-out {} is too short: starting a worker and compiling a kernel take longer (use at least 1s)",
+            humantime::format_duration(Duration::from_secs_f64(cfg.compile_timeout_s.max(0.0)))
+        );
+    }
+    if cfg.run_timeout_s <= 0.0 {
+        bail!("run time-out must be above zero");
     }
     if let Some(v) = f.max_reps {
         cfg.timing.max_reps = v.max(1);
@@ -463,8 +506,7 @@ fn drive(s: &mut Search, budget: Option<Duration>) -> Result<i32> {
     }
     let report = s.finish(&reason)?;
     print_report(&report);
-    let ok = report.speedup.is_some() && report.heldout.as_ref().map(|h| h.passed).unwrap_or(false);
-    Ok(if ok { 0 } else { 1 })
+    Ok(if report.no_result().is_none() { 0 } else { 1 })
 }
 
 fn print_report(r: &Report) {
@@ -473,38 +515,62 @@ fn print_report(r: &Report) {
         "{} rounds, {} evaluations, stopped: {}",
         r.rounds, r.evaluations, r.stop_reason
     );
-    match (r.best_node, r.speedup) {
-        (Some(n), Some(sp)) => {
-            println!("best: node {n} ({})", r.best_action.clone().unwrap_or_default());
-            println!(
-                "speed-up over the naive seed: {sp:.2}x (re-timed back to back, geometric mean over {} search workloads)",
-                r.workloads.len()
-            );
-            for ((w, s), b) in r.workloads.iter().zip(&r.seed_us).zip(&r.best_us) {
-                println!("  {w:<40} seed {s:>10.1} us   best {b:>10.1} us   {:.2}x", s / b);
-            }
-            if let Some(h) = &r.heldout {
-                if h.passed {
-                    match h.speedup {
-                        Some(hs) => println!("held-out validation: passed on {} workloads ({hs:.2}x)", h.workloads.len()),
-                        None => println!("held-out validation: passed ({})", h.message.clone().unwrap_or_default()),
-                    }
-                } else {
-                    println!("held-out validation: FAILED: {}", h.message.clone().unwrap_or_default());
+    if let (Some(n), Some(sp)) = (r.best_node, r.speedup) {
+        println!("best: node {n} ({})", r.best_action.clone().unwrap_or_default());
+        println!(
+            "speed-up over the naive seed: {sp:.2}x (verified: re-timed back to back, geometric mean over {} search workloads){}",
+            r.workloads.len(),
+            r.search_speedup
+                .map(|s| format!("; in-search figure {s:.2}x"))
+                .unwrap_or_default()
+        );
+        for ((w, s), b) in r.workloads.iter().zip(&r.seed_us).zip(&r.best_us) {
+            println!("  {w:<40} seed {s:>10.1} us   best {b:>10.1} us   {:.2}x", s / b);
+        }
+        if r.retimed.len() > 1 {
+            let all: Vec<String> = r
+                .retimed
+                .iter()
+                .map(|t| {
+                    format!(
+                        "node {} {} (in search {})",
+                        t.node,
+                        t.verified.map(|v| format!("{v:.2}x")).unwrap_or_else(|| "failed".into()),
+                        t.search.map(|v| format!("{v:.2}x")).unwrap_or_else(|| "-".into())
+                    )
+                })
+                .collect();
+            println!("re-timed candidates: {}", all.join(", "));
+        }
+        if let Some(h) = &r.heldout {
+            match (h.passed, h.speedup) {
+                (true, Some(hs)) if hs > 1.0 => {
+                    println!("held-out validation: passed on {} workloads ({hs:.2}x)", h.workloads.len())
                 }
-            }
-            if let Some(n) = &r.native {
-                match n.ratio {
-                    Some(x) => println!(
-                        "against {} on the search workloads: {x:.2}x (its time / the best kernel's; above 1 is faster){}",
-                        n.name,
-                        n.message.as_ref().map(|m| format!("; note: {m}")).unwrap_or_default()
-                    ),
-                    None => println!("{} could not be timed: {}", n.name, n.message.clone().unwrap_or_default()),
-                }
+                (true, Some(hs)) => println!(
+                    "held-out validation: correct on {} workloads but slower than the seed ({hs:.2}x)",
+                    h.workloads.len()
+                ),
+                (true, None) => println!("held-out validation: passed ({})", h.message.clone().unwrap_or_default()),
+                (false, _) => println!("held-out validation: FAILED: {}", h.message.clone().unwrap_or_default()),
             }
         }
-        _ => println!("no candidate beat the seed with a valid result"),
+        if let Some(n) = &r.native {
+            match n.ratio {
+                Some(x) => println!(
+                    "against {} on the search workloads: {x:.2}x (its time / the best kernel's; above 1 is faster){}",
+                    n.name,
+                    n.message.as_ref().map(|m| format!("; note: {m}")).unwrap_or_default()
+                ),
+                None => println!("{} could not be timed: {}", n.name, n.message.clone().unwrap_or_default()),
+            }
+        }
+    }
+    if let Some(l) = crate::driver::noise_line(r.spread) {
+        println!("{l}");
+    }
+    if let Some(why) = r.no_result() {
+        println!("no result: {why}");
     }
 }
 
@@ -512,12 +578,16 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
     let fc = file_config(g)?;
     let store = open_store(g, &fc)?;
     let row = store.run(run_id)?;
+    // A run that stopped on a time limit, or on its rounds when more are given, goes on.
+    let stopped_on = |p: &str| row.stop_reason.as_deref().is_some_and(|r| r.starts_with(p));
+    let limit_stop = stopped_on("time budget") || (stopped_on("round budget") && f.rounds.is_some_and(|n| n > row.round));
     if row.status.starts_with("done")
+        && !limit_stop
         && let Some(rep) = row.report.clone().and_then(|v| serde_json::from_value::<Report>(v).ok())
     {
         eprintln!("run {run_id} already finished");
         print_report(&rep);
-        return Ok(if rep.speedup.is_some() { 0 } else { 1 });
+        return Ok(if rep.no_result().is_none() { 0 } else { 1 });
     }
     let prev: RunConfig = serde_json::from_value(row.config.clone()).context("the run's stored configuration is unreadable")?;
     let task = Task::load(&prev.task_path).or_else(|_| {
@@ -612,27 +682,54 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
 
 fn runs(g: &Global) -> Result<i32> {
     let fc = file_config(g)?;
-    let store = open_store(g, &fc)?;
+    let store = open_store_ro(g, &fc)?;
     let rows = store.runs()?;
     if rows.is_empty() {
         println!("no runs yet (try: ksearch run softmax)");
     }
     for r in rows {
         let evals = store.count_evaluations(r.id)?;
+        let report: Option<Report> = r.report.clone().and_then(|v| serde_json::from_value(v).ok());
+        let (status, figure) = run_figure(&r.status, r.best_speedup, report.as_ref());
         println!(
-            "{:>4}  {:<12} {:<5} {:<8} {:<15} round {:>3}  {:>4} evals  best {}  {}",
-            r.id,
-            r.task,
-            r.backend,
-            r.planner,
-            r.status,
-            r.round,
-            evals,
-            r.best_speedup.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into()),
-            r.created_at
+            "{:>4}  {:<12} {:<5} {:<8} {:<15} round {:>3}  {:>4} evals  {}  {}",
+            r.id, r.task, r.backend, r.planner, status, r.round, evals, figure, r.created_at
         );
     }
     Ok(0)
+}
+
+/// A run's status and figure for the list: the verified figure when the run has its final
+/// report (a run whose re-timed best is not a result says so), else the in-search figure,
+/// labelled as such.
+fn run_figure(status: &str, search_best: Option<f64>, report: Option<&Report>) -> (String, String) {
+    let x = |v: Option<f64>| v.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into());
+    match report {
+        Some(rep) => {
+            let status = if status.starts_with("done") {
+                if rep.no_result().is_none() { "done" } else { "done_no_result" }
+            } else {
+                status
+            };
+            let figure = match rep.no_result() {
+                None => format!("best {} verified (in search {})", x(rep.speedup), x(rep.search_speedup.or(search_best))),
+                Some(_) if rep.speedup.is_some() => format!(
+                    "no result (re-timed {}, in search {})",
+                    x(rep.speedup),
+                    x(rep.search_speedup.or(search_best))
+                ),
+                Some(_) => "no result".to_string(),
+            };
+            (status.to_string(), figure)
+        }
+        None => (
+            status.to_string(),
+            match search_best {
+                Some(s) => format!("in search {s:.2}x (not re-timed yet)"),
+                None => "-".into(),
+            },
+        ),
+    }
 }
 
 pub fn render_tree(t: &Tree, all: bool) -> String {
@@ -693,7 +790,7 @@ pub fn render_tree(t: &Tree, all: bool) -> String {
 
 fn tree(g: &Global, run_id: i64, all: bool) -> Result<i32> {
     let fc = file_config(g)?;
-    let store = open_store(g, &fc)?;
+    let store = open_store_ro(g, &fc)?;
     let row = store.run(run_id)?;
     let t = Tree::from_nodes(store.nodes(run_id)?);
     println!(
@@ -716,7 +813,7 @@ pub fn standalone_source(c: &Candidate) -> String {
 
 fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i32> {
     let fc = file_config(g)?;
-    let store = open_store(g, &fc)?;
+    let store = open_store_ro(g, &fc)?;
     let row = store.run(run_id)?;
     if json {
         let v = row
@@ -728,12 +825,18 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
     }
     let t = Tree::from_nodes(store.nodes(run_id)?);
     let report: Option<Report> = row.report.clone().and_then(|v| serde_json::from_value(v).ok());
+    // A finished run answers with its verified figures only: a best that is no result once
+    // re-timed is no result here too, with the run's own message.
+    if let Some(why) = report.as_ref().and_then(|r| r.no_result()) {
+        println!("run {run_id}: no result: {why}");
+        return Ok(1);
+    }
     let node_id = report
         .as_ref()
         .and_then(|r| r.best_node)
         .or_else(|| t.best().filter(|b| b.parent.is_some()).map(|b| b.id));
     let Some(node) = node_id.and_then(|id| t.get(id)) else {
-        println!("run {run_id} has no candidate faster than the seed");
+        println!("run {run_id}: no result: {}", crate::driver::NO_FASTER);
         return Ok(1);
     };
     let key = node.candidate.clone().context("best node has no candidate")?;
@@ -745,13 +848,22 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
     );
     if let Some(r) = &report {
         if let Some(sp) = r.speedup {
-            println!("speed-up over the seed (final re-timing): {sp:.2}x");
+            println!(
+                "speed-up over the seed: {sp:.2}x (verified: final re-timing){}",
+                r.search_speedup.or(node.speedup).map(|s| format!("; in-search figure {s:.2}x")).unwrap_or_default()
+            );
         }
         if let Some(h) = &r.heldout {
-            println!("held-out: {}", if h.passed { "passed" } else { "FAILED" });
+            match h.speedup {
+                Some(hs) => println!("held-out: passed, {hs:.2}x the seed on {} workloads", h.workloads.len()),
+                None => println!("held-out: passed"),
+            }
+        }
+        if let Some(l) = crate::driver::noise_line(r.spread) {
+            println!("{l}");
         }
     } else if let Some(sp) = node.speedup {
-        println!("speed-up over the seed (search): {sp:.2}x (run not finished)");
+        println!("in-search figure: {sp:.2}x over the seed (run not finished: not re-timed yet)");
     }
     for l in &cand.launches {
         println!(
@@ -781,7 +893,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
         bail!("say what to export for: --mlx (a run on mlx-cuda or mlx-metal) or --torch (a run on cuda)");
     }
     let fc = file_config(g)?;
-    let store = open_store(g, &fc)?;
+    let store = open_store_ro(g, &fc)?;
     if torch {
         return crate::torch_export::export(&store, run_id, output);
     }
@@ -889,6 +1001,14 @@ fn bench(
             .with_context(|| format!("--define {k}: `{v}` is not an integer"))?;
         defs.insert(k.trim().to_string(), v);
     }
+    for k in defs.keys() {
+        if let Some(line) = defines_itself(&source, k) {
+            bail!(
+                "{}:{line}: the file defines {k} itself, so -D {k}=… would not reach the kernel (remove its #define, or guard it with #ifndef {k})",
+                kernel.display()
+            );
+        }
+    }
     let seed_k = task.kernel(&cfg.backend, "seed").context("task has no seed")?.clone();
     let base = match like {
         Some(n) => task
@@ -972,9 +1092,40 @@ fn bench(
     Ok(if ok { 0 } else { 1 })
 }
 
+/// The line (1-based) where `src` defines `name` unconditionally (`#define NAME …` not guarded
+/// by `#ifndef NAME` or `#if !defined(NAME)` just before it), if it does.
+fn defines_itself(src: &str, name: &str) -> Option<usize> {
+    let lines: Vec<&str> = src.lines().collect();
+    let squash = |l: &str| l.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (i, l) in lines.iter().enumerate() {
+        let t = squash(l.trim_start().trim_start_matches('#'));
+        if !l.trim_start().starts_with('#') {
+            continue;
+        }
+        let Some(rest) = t.strip_prefix("define ") else {
+            continue;
+        };
+        let defined = rest.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("");
+        if defined != name {
+            continue;
+        }
+        let guard = lines[..i]
+            .iter()
+            .rev()
+            .find(|p| !p.trim().is_empty())
+            .map(|p| squash(p.trim_start().trim_start_matches('#')).replace(' ', ""))
+            .unwrap_or_default();
+        if guard == format!("ifndef{name}") || guard == format!("if!defined({name})") || guard == format!("if!defined{name}") {
+            continue;
+        }
+        return Some(i + 1);
+    }
+    None
+}
+
 fn log(g: &Global, run_id: i64, node: Option<i64>, full: bool) -> Result<i32> {
     let fc = file_config(g)?;
-    let store = open_store(g, &fc)?;
+    let store = open_store_ro(g, &fc)?;
     store.run(run_id)?;
     let calls = store.llm_calls(run_id, node)?;
     if calls.is_empty() {
@@ -1015,4 +1166,19 @@ fn log(g: &Global, run_id: i64, node: Option<i64>, full: bool) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::defines_itself;
+
+    #[test]
+    fn a_define_of_the_files_own_is_found_unless_guarded() {
+        let src = "// k\n#include <x>\n#define VEC 8\n#  define  BLOCK 4\n#ifndef TILE\n#define TILE 2\n#endif\n";
+        assert_eq!(defines_itself(src, "VEC"), Some(3));
+        assert_eq!(defines_itself(src, "BLOCK"), Some(4));
+        assert_eq!(defines_itself(src, "TILE"), None, "guarded: -D overrides it");
+        assert_eq!(defines_itself(src, "VE"), None);
+        assert_eq!(defines_itself("#if !defined(VEC)\n#define VEC 1\n#endif\n", "VEC"), None);
+    }
 }

@@ -384,8 +384,9 @@ pub struct Task {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    /// The cause is text of this error, not a `source`: printed once.
+    #[error("{path}: {cause}")]
+    Io { path: String, cause: std::io::Error },
     #[error("{path}:{line}:{col}: {reason}")]
     Syntax {
         path: String,
@@ -487,7 +488,7 @@ impl Task {
         let p = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| TaskError::Io {
             path: p.clone(),
-            source: e,
+            cause: e,
         })?;
         let mut task: Task = toml::from_str(&text).map_err(|e| {
             let (line, col) = e.span().map(|s| line_col(&text, s.start)).unwrap_or((1, 1));
@@ -694,8 +695,42 @@ impl Task {
                 }
             }
         }
-        for f in self.flops.iter().chain(self.transcendentals.iter()) {
-            Expr::parse(f).map_err(|e| inv(f, e.to_string()))?;
+        // The cost expressions refer to axes only, and every workload of every back-end must
+        // give them (and the tensor shapes) a value: an unknown name or a division by zero is
+        // an error now, in the task file, not a silent zero later.
+        let mut cost = Vec::new();
+        for (key, f) in [("flops", &self.flops), ("transcendentals", &self.transcendentals)] {
+            if let Some(f) = f {
+                let e = Expr::parse(f).map_err(|e| inv(f, format!("{key}: {e}")))?;
+                let mut vars = Vec::new();
+                e.vars(&mut vars);
+                if let Some(v) = vars.iter().find(|v| !self.axes.contains(v)) {
+                    return Err(inv(
+                        f,
+                        format!("{key} `{f}` uses unknown axis `{v}` (axes: {})", self.axes.join(", ")),
+                    ));
+                }
+                cost.push((key.to_string(), f.clone(), f.clone()));
+            }
+        }
+        for t in self.inputs.iter().chain(&self.outputs) {
+            for d in &t.shape {
+                cost.push((format!("shape of `{}`", t.name), d.clone(), format!("\"{}\"", t.name)));
+            }
+        }
+        for (bname, b) in &self.backends {
+            for (kind, list) in [("search", &b.search), ("heldout", &b.heldout)] {
+                for (i, w) in list.iter().enumerate() {
+                    for (what, e, needle) in &cost {
+                        if let Err(err) = crate::expr::eval_f64(e, w) {
+                            return Err(inv(
+                                needle,
+                                format!("{what}: {err} on backends.{bname}.{kind}[{i}]"),
+                            ));
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -751,9 +786,15 @@ impl Task {
 
 /// Every task under `dir` (each `dir/<name>/task.toml`), sorted by name. Broken tasks are errors.
 pub fn load_all(dir: &Path) -> Result<Vec<Task>, TaskError> {
+    load_each(dir)?.into_iter().collect()
+}
+
+/// Every task under `dir`, each loaded on its own: a broken task is its own error and the
+/// others still load.
+pub fn load_each(dir: &Path) -> Result<Vec<Result<Task, TaskError>>, TaskError> {
     let rd = std::fs::read_dir(dir).map_err(|e| TaskError::Io {
         path: dir.display().to_string(),
-        source: e,
+        cause: e,
     })?;
     let mut paths: Vec<PathBuf> = rd
         .filter_map(|e| e.ok())
@@ -761,7 +802,7 @@ pub fn load_all(dir: &Path) -> Result<Vec<Task>, TaskError> {
         .filter(|p| p.is_file())
         .collect();
     paths.sort();
-    paths.iter().map(|p| Task::load(p)).collect()
+    Ok(paths.iter().map(|p| Task::load(p)).collect())
 }
 
 /// Find a task by name under `dir`, or by a direct path to a `task.toml` or its folder.

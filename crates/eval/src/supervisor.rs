@@ -397,7 +397,8 @@ fn stage_words(stage: &str) -> String {
 }
 
 fn last_lines(s: &str, n: usize) -> String {
-    let v: Vec<&str> = s.lines().collect();
+    // Blank lines say nothing: a tail of them is no reason.
+    let v: Vec<&str> = s.lines().map(str::trim_end).filter(|l| !l.trim().is_empty()).collect();
     v[v.len().saturating_sub(n)..].join(" | ")
 }
 

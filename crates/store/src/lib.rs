@@ -3,7 +3,7 @@
 //! Every write is its own committed transaction (or part of one the caller opens), so a
 //! `kill -9` between two steps loses nothing that was reported.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -11,12 +11,14 @@ use serde::{Deserialize, Serialize};
 use ksearch_core::protocol::{Candidate, EvalReply, FailureClass};
 use ksearch_core::tree::{Action, Assessment, Impact, Node, NodeStatus};
 
+/// Errors carry their cause as text, once: none of them has a `source`, so a chain printed
+/// in full does not repeat it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("store {path}: {source}")]
-    Open { path: String, source: rusqlite::Error },
-    #[error("store: {0}")]
-    Sql(#[from] rusqlite::Error),
+    #[error("store {path}: {msg}")]
+    Open { path: String, msg: String },
+    #[error("store: {}", sql_text(.0))]
+    Sql(rusqlite::Error),
     #[error("store: bad stored JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error("no run {0} in the store")]
@@ -26,6 +28,39 @@ pub enum StoreError {
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Sql(e)
+    }
+}
+
+/// SQLite's message without the code it also carries (`file is not a database`, not that
+/// plus `Error code 26`).
+fn sql_text(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqliteFailure(_, Some(m)) if !m.is_empty() => m.clone(),
+        rusqlite::Error::SqliteFailure(f, None) => f.to_string(),
+        other => other.to_string(),
+    }
+}
+
+impl StoreError {
+    /// The same error, naming the store's file (errors already naming it stay as they are).
+    fn at(self, path: &str) -> StoreError {
+        match self {
+            StoreError::Sql(e) => StoreError::Open {
+                path: path.into(),
+                msg: sql_text(&e),
+            },
+            StoreError::Json(e) => StoreError::Open {
+                path: path.into(),
+                msg: format!("bad stored JSON: {e}"),
+            },
+            other => other,
+        }
+    }
+}
 
 /// Versioned migrations: entry `i` brings the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -208,6 +243,19 @@ pub struct Store {
     conn: Connection,
 }
 
+/// A path as the path part of an SQLite `file:` URI.
+fn uri_path(path: &Path) -> String {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = String::new();
+    for b in abs.display().to_string().bytes() {
+        match b {
+            b'%' | b'?' | b'#' | 0x80.. => out.push_str(&format!("%{b:02X}")),
+            _ => out.push(b as char),
+        }
+    }
+    out
+}
+
 fn status_of(s: &str) -> NodeStatus {
     NodeStatus::parse(s).unwrap_or(NodeStatus::Open)
 }
@@ -221,13 +269,74 @@ impl Store {
         {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::Open {
                 path: p.clone(),
-                source: rusqlite::Error::InvalidPath(format!("{}: {e}", dir.display()).into()),
+                msg: format!("cannot create its folder: {e}"),
             })?;
         }
-        let conn = Connection::open(path).map_err(|e| StoreError::Open {
-            path: p.clone(),
-            source: e,
-        })?;
+        let conn = Connection::open(path).map_err(|e| StoreError::Sql(e).at(&p))?;
+        Self::setup(conn, &p).map_err(|e| e.at(&p))
+    }
+
+    /// Open an existing store for reading only: nothing is created (a missing store is an
+    /// error naming its path) and nothing is written, so a read-only file or folder can be
+    /// read. A store of an older schema is migrated in place first, where it can be written.
+    pub fn open_read_only(path: &Path) -> Result<Store> {
+        let p = path.display().to_string();
+        if !path.is_file() {
+            return Err(StoreError::Open {
+                path: p,
+                msg: if path.exists() {
+                    "not a file".into()
+                } else {
+                    "no such file (no runs yet? `ksearch run` creates it)".into()
+                },
+            });
+        }
+        use rusqlite::OpenFlags;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let open = |immutable: bool| -> Result<Store> {
+            let conn = if immutable {
+                // A WAL store in a folder this user cannot write: read the file as it is.
+                let uri = format!("file:{}?immutable=1", uri_path(path));
+                Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)?
+            } else {
+                Connection::open_with_flags(path, flags)?
+            };
+            conn.busy_timeout(std::time::Duration::from_secs(10))?;
+            let s = Store { conn };
+            let v = s.schema_version()?;
+            if v > SCHEMA_VERSION {
+                return Err(StoreError::TooNew {
+                    path: p.clone(),
+                    found: v,
+                    known: SCHEMA_VERSION,
+                });
+            }
+            // Read something real: a file that is not a database fails here.
+            s.conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))?;
+            Ok(s)
+        };
+        // Without a write-ahead log beside it the file holds everything and nobody has it
+        // open: read it as immutable, which creates no `-wal`/`-shm` files. With one (a run
+        // going on, or one that was killed), read through the log as SQLite does.
+        let wal = PathBuf::from(format!("{}-wal", path.display()));
+        let s = match open(!wal.exists()) {
+            Ok(s) => s,
+            Err(e @ StoreError::TooNew { .. }) => return Err(e),
+            Err(StoreError::Sql(rusqlite::Error::SqliteFailure(f, _)))
+                if f.code == rusqlite::ErrorCode::CannotOpen || f.code == rusqlite::ErrorCode::ReadOnly =>
+            {
+                open(true).map_err(|e| e.at(&p))?
+            }
+            Err(e) => return Err(e.at(&p)),
+        };
+        if s.schema_version().map_err(|e| e.at(&p))? < SCHEMA_VERSION {
+            drop(s);
+            return Store::open(path);
+        }
+        Ok(s)
+    }
+
+    fn setup(conn: Connection, p: &str) -> Result<Store> {
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         let mut s = Store { conn };
         // Switching a new file to WAL and migrating it can meet another process doing the same;
@@ -238,7 +347,7 @@ impl Store {
                 .conn
                 .pragma_update(None, "journal_mode", "WAL")
                 .map_err(StoreError::from)
-                .and_then(|_| s.migrate(&p));
+                .and_then(|_| s.migrate(p));
             match r {
                 Err(StoreError::Sql(rusqlite::Error::SqliteFailure(e, _)))
                     if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>

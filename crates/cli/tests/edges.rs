@@ -1,0 +1,193 @@
+//! The rough edges of a first hour: every error is one line naming the file and its cause
+//! once, commands that only read create nothing, a closed pipe ends quietly, broken tasks are
+//! caught at load without hiding the others.
+
+use assert_cmd::Command;
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+}
+
+fn ks() -> Command {
+    let mut c = Command::cargo_bin("ksearch").unwrap();
+    c.current_dir(repo()).arg("--quiet");
+    c
+}
+
+fn err(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+fn out(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A one-line error (exit 2) that contains every one of `needles`.
+fn one_line_error(o: &std::process::Output, needles: &[&str]) {
+    let e = err(o);
+    assert_eq!(o.status.code(), Some(2), "{}{e}", out(o));
+    assert_eq!(e.trim().lines().count(), 1, "one line expected: {e}");
+    for n in needles {
+        assert!(e.contains(n), "`{n}` missing from: {e}");
+    }
+}
+
+/// Names, sizes and a checksum of the files in `dir`.
+fn listing(dir: &Path) -> Vec<(String, usize, u64)> {
+    let mut v: Vec<(String, usize, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let data = if e.path().is_file() { std::fs::read(e.path()).unwrap() } else { vec![] };
+            let sum = data.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3));
+            (e.file_name().to_string_lossy().into_owned(), data.len(), sum)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn read_only_commands_create_nothing_and_name_a_missing_store() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("no/such/dir/store.db");
+    for args in [vec!["runs"], vec!["tree", "1"], vec!["best", "1"], vec!["log", "1"]] {
+        let o = ks().arg("--store").arg(&missing).args(&args).output().unwrap();
+        one_line_error(&o, &[&missing.display().to_string(), "no such file"]);
+        assert!(!d.path().join("no").exists(), "{args:?} created a folder");
+    }
+    // Without --store: the default store is not created either.
+    let cwd = tempfile::tempdir().unwrap();
+    let o = ks().current_dir(cwd.path()).arg("runs").output().unwrap();
+    one_line_error(&o, &[".ksearch/store.db", "no such file"]);
+    assert!(listing(cwd.path()).is_empty(), "{:?}", listing(cwd.path()));
+
+    // An existing store is read without a byte changed or a file added.
+    let s = d.path().join("s.db");
+    {
+        let st = ksearch_store::Store::open(&s).unwrap();
+        let run = st.create_run("softmax", "cpu", "offline", 1, "", &serde_json::json!({})).unwrap();
+        let seed = ksearch_core::tree::Node::new(
+            0,
+            None,
+            ksearch_core::tree::Action::Seed,
+            None,
+            Default::default(),
+            0,
+        );
+        st.insert_node(run, &seed).unwrap();
+    }
+    let before = listing(d.path());
+    for args in [vec!["runs"], vec!["tree", "1"], vec!["best", "1"], vec!["log", "1"]] {
+        let o = ks().arg("--store").arg(&s).args(&args).output().unwrap();
+        assert!(matches!(o.status.code(), Some(0) | Some(1)), "{args:?}: {}", err(&o));
+        assert_eq!(listing(d.path()), before, "{args:?} changed the store's folder");
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_store_is_named_with_its_cause_once() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("notes.db");
+    std::fs::write(&s, "this is not a database, just some text that is long enough").unwrap();
+    for args in [vec!["runs"], vec!["run", "softmax", "--rounds", "1"]] {
+        let o = ks().arg("--store").arg(&s).args(&args).output().unwrap();
+        one_line_error(&o, &[&s.display().to_string(), "file is not a database"]);
+        assert_eq!(err(&o).matches("not a database").count(), 1, "{}", err(&o));
+        assert!(!err(&o).contains("Error code"), "{}", err(&o));
+    }
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    for args in [vec!["kb", "rules"], vec!["tasks"]] {
+        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"))
+            .current_dir(repo())
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader goes away before the first line is written (`| head -0`).
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        assert_ne!(o.status.code(), Some(101), "{args:?} panicked: {}", err(&o));
+        assert!(!err(&o).contains("panicked"), "{args:?}: {}", err(&o));
+        assert!(err(&o).trim().is_empty(), "{args:?}: {}", err(&o));
+    }
+}
+
+/// Copy a folder tree (a task and its kernels).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+        }
+    }
+}
+
+#[test]
+fn task_expressions_are_checked_at_load_and_a_broken_task_hides_no_other() {
+    for (flops, needle) in [
+        ("5 * rows * colz", "unknown axis `colz`"),
+        ("5 * rows / (cols - cols)", "division by zero"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let tasks = d.path().join("tasks");
+        copy_dir(&repo().join("tasks/softmax"), &tasks.join("softmax"));
+        copy_dir(&repo().join("tasks/rmsnorm"), &tasks.join("rmsnorm"));
+        let f = tasks.join("softmax/task.toml");
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(text.contains("flops = \"5 * rows * cols\""), "the softmax task changed");
+        std::fs::write(&f, text.replace("flops = \"5 * rows * cols\"", &format!("flops = \"{flops}\""))).unwrap();
+
+        let o = ks().arg("--tasks-dir").arg(&tasks).arg("tasks").output().unwrap();
+        one_line_error(&o, &["softmax/task.toml:5:", needle]);
+        assert!(out(&o).contains("rmsnorm"), "the good task is still listed: {}", out(&o));
+        assert!(!out(&o).contains("softmax"), "{}", out(&o));
+
+        let s = d.path().join("s.db");
+        let o = ks()
+            .arg("--tasks-dir")
+            .arg(&tasks)
+            .arg("--store")
+            .arg(&s)
+            .args(["run", "softmax", "--rounds", "1"])
+            .output()
+            .unwrap();
+        one_line_error(&o, &["softmax/task.toml:5:", needle]);
+        assert!(!s.exists(), "no run recorded for a broken task");
+    }
+}
+
+#[test]
+fn a_compile_time_out_too_short_to_mean_anything_is_refused_in_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    let o = ks()
+        .arg("--store")
+        .arg(d.path().join("s.db"))
+        .args(["run", "softmax", "--backend", "cpu", "--rounds", "1", "--compile-timeout", "1ms"])
+        .output()
+        .unwrap();
+    one_line_error(&o, &["compile time-out 1ms is too short", "at least 1s"]);
+    assert!(!err(&o).contains("worker did not start"), "{}", err(&o));
+}
+
+#[test]
+fn a_define_the_kernel_file_makes_itself_is_an_error_not_ignored() {
+    let d = tempfile::tempdir().unwrap();
+    let k = d.path().join("k.cpp");
+    std::fs::write(&k, "#include <cstdint>\n#define VEC 8\nextern \"C\" void softmax_naive() {}\n").unwrap();
+    let o = ks()
+        .arg("--store")
+        .arg(d.path().join("s.db"))
+        .args(["bench", "softmax", k.to_str().unwrap(), "--backend", "cpu", "-D", "VEC=16"])
+        .output()
+        .unwrap();
+    one_line_error(&o, &[&format!("{}:2:", k.display()), "defines VEC itself", "#ifndef VEC"]);
+}
