@@ -382,6 +382,8 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
         );
         eprintln!("isolation: {}", isolation_of(&s));
     }
+    // One deadline: the time budget also bounds every LLM call in flight, the first included.
+    s.planner.set_deadline(budget.map(|b| s.started + b));
     s.start()?;
     drive(&mut s, budget)
 }
@@ -506,6 +508,12 @@ fn drive(s: &mut Search, budget: Option<Duration>) -> Result<i32> {
     }
     let report = s.finish(&reason)?;
     print_report(&report);
+    if reason.starts_with("time budget") {
+        println!(
+            "run {} stopped on its time budget; continue with `ksearch resume {} --time-budget <duration>`",
+            s.run_id, s.run_id
+        );
+    }
     Ok(if report.no_result().is_none() { 0 } else { 1 })
 }
 
@@ -604,6 +612,7 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
         .map(parse_duration)
         .transpose()?;
     let mut s = new_search(store, run_id, cfg, task, f, g.quiet)?;
+    s.planner.set_deadline(budget.map(|b| s.started + b));
     let mut nodes = s.store.nodes(run_id)?;
     // A node left running by a killed process is tried again, once: a node that was running
     // both times the search process died (a candidate that kills its orchestrator) is failed
@@ -654,6 +663,23 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
     s.rounds_since_best = s.round.saturating_sub(best_round);
     if s.tree.nodes.len() == 1 {
         let props = s.planner.init(&crate::planner::Ctx {
+            task: &s.task,
+            backend: &s.cfg.backend,
+            kb: s.kb.as_ref(),
+            tree: &s.tree,
+            round: s.round,
+            run_id,
+            store: Some(&s.store),
+            profile: s.profile.as_deref(),
+        })?;
+        for p in props {
+            let mut n = ksearch_core::tree::Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, s.round);
+            n.id = s.store.insert_node(run_id, &n)?;
+            s.tree.nodes.insert(n.id, n);
+        }
+    } else {
+        // A planner initialisation that failed before is tried again.
+        let props = s.planner.resumed(&crate::planner::Ctx {
             task: &s.task,
             backend: &s.cfg.backend,
             kb: s.kb.as_ref(),

@@ -636,6 +636,16 @@ impl Search {
         self.tree.best().and_then(|b| b.speedup).unwrap_or(1.0)
     }
 
+    /// A planner that cannot go on at all (its LLM server refused the key) stops the run with an
+    /// error; the run stays resumable.
+    fn check_fatal(&self) -> Result<()> {
+        if let Some(f) = self.planner.fatal() {
+            self.store.set_run_status(self.run_id, "stopped", Some(&f))?;
+            bail!("{f}; fix the key, then continue with `ksearch resume {}`", self.run_id);
+        }
+        Ok(())
+    }
+
     /// One round. Returns false when nothing is left to try.
     pub fn step(&mut self) -> Result<bool> {
         // Open nodes this planner cannot write (LLM edits under the offline planner) are
@@ -679,9 +689,10 @@ impl Search {
         let written = self.planner.write(&ctx!(self), &node);
         let (kernel, cand) = match written {
             Ok(w) => (w.kernel, w.candidate),
-            Err(msg) if self.planner.stop_reason().is_some() => {
-                // The planner had to stop (its budget is spent) before writing: the node was not
-                // tried. Reopen it and undo the round, so that `resume` tries it.
+            Err(msg) if self.planner.stop_reason().is_some() || self.planner.retry_later() => {
+                // The planner had to stop (its budget is spent, its key was refused) or could
+                // not reach its LLM server before writing: the node was not tried. Reopen it and
+                // undo the round, so that a later round (or `resume`) tries it.
                 let n = self.tree.nodes.get_mut(&id).expect("node");
                 n.status = NodeStatus::Open;
                 n.attempts = n.attempts.saturating_sub(1);
@@ -693,6 +704,7 @@ impl Search {
                     s.set_run_round(rid, r)
                 })?;
                 self.log(&format!("round {round}: node {id} not written: {msg}"));
+                self.check_fatal()?;
                 return Ok(true);
             }
             Err(msg) => {
@@ -805,6 +817,7 @@ impl Search {
             roofline_fraction: Self::roofline_fraction(&reply),
         };
         let edits = self.planner.update(&ctx!(self), &node, &outcome)?;
+        self.check_fatal()?;
         let mut applied = Vec::new();
         for e in edits {
             match validate_edit(&self.tree, &e) {

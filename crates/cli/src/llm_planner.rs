@@ -44,6 +44,12 @@ const LLM_KERNEL: &str = "llm";
 /// Artifact kinds.
 const BUDGET_ARTIFACT: &str = "llm_budget";
 const INIT_ARTIFACT: &str = "planner_init";
+/// What a server was found to accept, named `<base_url> <model>` (read by later runs).
+const SERVER_ARTIFACT: &str = "llm_server";
+/// Transport failures of the coder in a row after which the run stops (resumable).
+const MAX_TRANSPORT_STREAK: u32 = 3;
+/// Largest reply stored whole (characters); longer ones keep their head and tail.
+const MAX_STORED_REPLY: usize = 64 * 1024;
 
 /// The resolved `[llm]` settings of a run.
 #[derive(Debug, Clone)]
@@ -88,6 +94,7 @@ pub fn apply_flags(llm: &mut Option<Value>, f: &RunFlags) -> Result<()> {
         || f.planner_model.is_some()
         || f.coder_model.is_some()
         || f.base_url.is_some()
+        || f.api_key_env.is_some()
         || f.max_cost.is_some()
         || f.max_llm_calls.is_some();
     if llm.is_none() && !any {
@@ -109,6 +116,14 @@ pub fn apply_flags(llm: &mut Option<Value>, f: &RunFlags) -> Result<()> {
         for r in roles {
             if let Some(t) = o.get_mut(r).and_then(Value::as_object_mut) {
                 t.remove("base_url");
+            }
+        }
+    }
+    if let Some(k) = &f.api_key_env {
+        o.insert("api_key_env".into(), json!(k));
+        for r in roles {
+            if let Some(t) = o.get_mut(r).and_then(Value::as_object_mut) {
+                t.remove("api_key_env");
             }
         }
     }
@@ -206,6 +221,14 @@ pub struct LlmPlanner {
     /// Secret values (the keys named by `api_key_env`, and the environment's secrets): scrubbed
     /// from every recorded prompt and reply and from every candidate a coder writes.
     scrub: ksearch_eval::scrub::Scrubber,
+    /// Set when the run cannot go on (the server refused the key).
+    fatal: Option<String>,
+    /// The last failed call failed in transport (not in the model's answer).
+    last_transport: bool,
+    /// Transport failures of the coder in a row.
+    transport_streak: u32,
+    /// What each role's server was found to accept, as last saved (None: not loaded yet).
+    learnt: Option<[Option<Value>; 2]>,
 }
 
 impl LlmPlanner {
@@ -213,6 +236,19 @@ impl LlmPlanner {
         let s = settings(cfg.llm.as_ref())?;
         let planner = OpenAiCompatible::new(s.planner.clone()).map_err(|e| anyhow::anyhow!("LLM planner: {e}"))?;
         let coder = OpenAiCompatible::new(s.coder.clone()).map_err(|e| anyhow::anyhow!("LLM coder: {e}"))?;
+        if !quiet {
+            let mut warned = Vec::new();
+            for (role, m) in [("planner", &s.planner), ("coder", &s.coder)] {
+                if m.key_var().is_none() && !m.is_local() && !warned.contains(&m.base_url) {
+                    eprintln!(
+                        "warning: no API key for the LLM {role} at {} (set {} or name the key's variable with --api-key-env)",
+                        m.base_url,
+                        ksearch_llm::DEFAULT_KEY_ENV
+                    );
+                    warned.push(m.base_url.clone());
+                }
+            }
+        }
         let root = std::env::current_dir().unwrap_or_default();
         let prompts = Prompts::discover(&root).map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(LlmPlanner::new(Box::new(planner), Box::new(coder), prompts, s, cfg, quiet))
@@ -240,6 +276,10 @@ impl LlmPlanner {
             offline: Offline::default(),
             quiet,
             scrub: ksearch_eval::scrub::Scrubber::from_env(&settings_keys(cfg.llm.as_ref())),
+            fatal: None,
+            last_transport: false,
+            transport_streak: 0,
+            learnt: None,
         }
     }
 
@@ -285,6 +325,7 @@ impl LlmPlanner {
             self.stop = Some(e.to_string());
             return Err(e);
         }
+        self.load_learnt(ctx);
         let client = match role {
             Role::Planner => &self.planner,
             Role::Coder => &self.coder,
@@ -292,16 +333,60 @@ impl LlmPlanner {
         let r = client.chat(req);
         match &r {
             Ok(resp) => self.budget.record(resp),
-            Err(e) if !matches!(e, LlmError::MissingApiKey { .. } | LlmError::Config(_) | LlmError::Budget(_)) => {
-                self.budget.calls += 1
-            }
+            Err(e) if e.attempts() > 0 => self.budget.calls += 1,
             Err(_) => {}
         }
+        self.last_transport = matches!(&r, Err(e) if e.is_transport());
+        if let Err(e) = &r
+            && let LlmError::Auth { .. } = e.root()
+        {
+            self.fatal = Some(e.root().to_string());
+            self.stop = self.fatal.clone();
+        }
         self.save_budget(ctx);
+        self.save_learnt(ctx);
         if let Err(e) = self.budget.check() {
             self.stop = Some(e.to_string());
         }
         r
+    }
+
+    /// Start each role from what earlier runs learnt about its server and model.
+    fn load_learnt(&mut self, ctx: &Ctx) {
+        if self.learnt.is_some() {
+            return;
+        }
+        let mut got: [Option<Value>; 2] = [None, None];
+        if let Some(store) = ctx.store {
+            for (i, c) in [&self.planner, &self.coder].into_iter().enumerate() {
+                if let Some(k) = c.server_key()
+                    && let Ok(Some(js)) = store.latest_artifact_named(SERVER_ARTIFACT, &k)
+                    && let Ok(v) = serde_json::from_str::<Value>(&js)
+                {
+                    c.restore_learnt(&v);
+                    got[i] = Some(v);
+                }
+            }
+        }
+        self.learnt = Some(got);
+    }
+
+    /// Remember what a server was found to reject, when that changed.
+    fn save_learnt(&mut self, ctx: &Ctx) {
+        let Some(store) = ctx.store else { return };
+        let mut known = self.learnt.clone().unwrap_or_default();
+        for (i, c) in [&self.planner, &self.coder].into_iter().enumerate() {
+            let (Some(now), Some(k)) = (c.learnt(), c.server_key()) else {
+                continue;
+            };
+            if known[i].as_ref() != Some(&now) {
+                if let Err(e) = store.put_artifact(ctx.run_id, None, SERVER_ARTIFACT, &k, &now.to_string()) {
+                    self.log(&format!("warning: could not remember what the LLM server accepts: {e}"));
+                }
+                known[i] = Some(now);
+            }
+        }
+        self.learnt = Some(known);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -312,6 +397,7 @@ impl LlmPlanner {
         node: Option<i64>,
         req: &ChatRequest,
         resp: Option<&ChatResponse>,
+        failed: Option<(u32, f64)>,
         parsed: Option<String>,
         error: Option<String>,
     ) {
@@ -334,13 +420,13 @@ impl LlmPlanner {
             role: role.name().to_string(),
             model: resp.map(|r| r.model.clone()).unwrap_or_else(|| model.to_string()),
             prompt: sc(prompt),
-            reply: resp.map(|r| sc(r.content.clone())),
+            reply: resp.map(|r| sc(cap_reply(&r.content, MAX_STORED_REPLY))),
             parsed: parsed.map(sc),
             prompt_tokens: resp.map(|r| r.usage.prompt_tokens).unwrap_or(0),
             completion_tokens: resp.map(|r| r.usage.completion_tokens).unwrap_or(0),
             cost_usd: resp.map(|r| r.cost_usd).unwrap_or(0.0),
-            latency_s: resp.map(|r| r.latency_s).unwrap_or(0.0),
-            attempts: resp.map(|r| r.attempts).unwrap_or(0),
+            latency_s: resp.map(|r| r.latency_s).or(failed.map(|f| f.1)).unwrap_or(0.0),
+            attempts: resp.map(|r| r.attempts).or(failed.map(|f| f.0)).unwrap_or(0),
             error: error.map(sc),
             created_at: String::new(),
         };
@@ -362,12 +448,14 @@ impl LlmPlanner {
     ) -> std::result::Result<T, String> {
         let mut attempt = 0;
         loop {
+            let t0 = std::time::Instant::now();
             let resp = match self.chat(ctx, role, &req) {
                 Ok(r) => r,
                 Err(e) => {
                     let msg = e.to_string();
                     if !matches!(e, LlmError::Budget(_)) {
-                        self.record(ctx, role, node, &req, None, None, Some(msg.clone()));
+                        let failed = Some((e.attempts(), t0.elapsed().as_secs_f64()));
+                        self.record(ctx, role, node, &req, None, failed, None, Some(msg.clone()));
                     }
                     self.log(&format!("round {}: LLM {} call failed: {msg}", ctx.round, role.name()));
                     return Err(msg);
@@ -375,27 +463,21 @@ impl LlmPlanner {
             };
             let mut result = parse(&resp.content);
             if resp.truncated()
-                && let Err(ParseError::InvalidJson { .. } | ParseError::NoJson) = &result
+                && result.is_err()
             {
-                let tail: String = resp
-                    .content
-                    .chars()
-                    .rev()
-                    .take(80)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                result = Err(ParseError::TruncatedJson { tail });
+                // Cut off at the token limit: that, not the structure, is what went wrong.
+                result = Err(ParseError::Truncated {
+                    max_tokens: self.max_tokens(role),
+                });
             }
             match result {
                 Ok(p) => {
-                    self.record(ctx, role, node, &req, Some(&resp), Some(p.parsed), p.note);
+                    self.record(ctx, role, node, &req, Some(&resp), None, Some(p.parsed), p.note);
                     return Ok(p.value);
                 }
                 Err(pe) => {
                     let msg = format!("{}: {pe}", pe.kind());
-                    self.record(ctx, role, node, &req, Some(&resp), None, Some(msg.clone()));
+                    self.record(ctx, role, node, &req, Some(&resp), None, None, Some(msg.clone()));
                     if attempt >= self.settings.max_repairs {
                         let why = format!("unusable {} reply after {attempt} repair prompt(s): {pe}", role.name());
                         self.log(&format!("round {}: {why}", ctx.round));
@@ -408,6 +490,13 @@ impl LlmPlanner {
                     };
                 }
             }
+        }
+    }
+
+    fn max_tokens(&self, role: Role) -> Option<u32> {
+        match role {
+            Role::Planner => self.settings.planner.max_tokens,
+            Role::Coder => self.settings.coder.max_tokens,
         }
     }
 
@@ -819,7 +908,14 @@ impl Planner for LlmPlanner {
                 Ok(init.actions.iter().map(|a| Self::proposal(root, a)).collect())
             }
             Err(why) => {
+                if let Some(f) = &self.fatal {
+                    if let Some(store) = ctx.store {
+                        let _ = store.set_run_status(ctx.run_id, "stopped", Some(f));
+                    }
+                    bail!("{f}; fix the key, then continue with `ksearch resume {}`", ctx.run_id);
+                }
                 // No plan from the model: start from the knowledge base's kernels instead.
+                tracing::warn!("LLM planner initialisation failed; falling back to the knowledge base's actions");
                 self.log(&format!(
                     "LLM planner initialisation failed ({why}); starting from the knowledge-base actions"
                 ));
@@ -833,9 +929,66 @@ impl Planner for LlmPlanner {
     }
 
     fn write(&mut self, ctx: &Ctx, node: &Node) -> std::result::Result<Written, String> {
+        self.last_transport = false;
         match &node.action {
-            Action::Edit { .. } => self.write_edit(ctx, node),
+            Action::Edit { .. } => {
+                let r = self.write_edit(ctx, node);
+                if r.is_err() && self.last_transport {
+                    self.transport_streak += 1;
+                    tracing::warn!(
+                        node = node.id,
+                        "the LLM coder could not be reached; the action is reopened for a later round"
+                    );
+                    if self.transport_streak >= MAX_TRANSPORT_STREAK && self.stop.is_none() {
+                        self.stop = Some(format!(
+                            "the LLM coder failed {} calls in a row for transport reasons ({})",
+                            self.transport_streak,
+                            r.as_ref().err().cloned().unwrap_or_default()
+                        ));
+                    }
+                } else {
+                    self.transport_streak = 0;
+                }
+                r
+            }
             _ => self.offline.write(ctx, node),
+        }
+    }
+
+    fn retry_later(&self) -> bool {
+        self.last_transport
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.fatal.clone()
+    }
+
+    fn set_deadline(&mut self, deadline: Option<std::time::Instant>) {
+        self.planner.set_deadline(deadline);
+        self.coder.set_deadline(deadline);
+    }
+
+    fn resumed(&mut self, ctx: &Ctx) -> Result<Vec<Proposal>> {
+        // A run whose planner initialisation failed (or that another planner started): ask
+        // the model again; its actions join the tree. A second failure changes nothing.
+        let has_init = ctx
+            .store
+            .map(|s| s.artifacts(ctx.run_id, INIT_ARTIFACT).map(|a| !a.is_empty()).unwrap_or(true))
+            .unwrap_or(true);
+        if has_init || self.stop.is_some() {
+            return Ok(Vec::new());
+        }
+        let n = ctx.tree.nodes.len();
+        let props = self.init(ctx)?;
+        let has_now = ctx
+            .store
+            .map(|s| s.artifacts(ctx.run_id, INIT_ARTIFACT).map(|a| !a.is_empty()).unwrap_or(false))
+            .unwrap_or(false);
+        if has_now {
+            self.log(&format!("the LLM planner's initialisation is done now ({} actions added to {n} nodes)", props.len()));
+            Ok(props)
+        } else {
+            Ok(Vec::new())
         }
     }
 
@@ -951,10 +1104,34 @@ impl Planner for LlmPlanner {
                     }
                 }
             }
-            Err(why) => self.log(&format!(
-                "round {}: no planner revision this round ({why}); measurements applied",
-                ctx.round
-            )),
+            Err(why) => {
+                // The offline planner's next actions for this round, so that the run goes on.
+                let fallback: Vec<TreeEdit> = self
+                    .offline
+                    .update(ctx, node, o)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|e| !matches!(e, TreeEdit::Update { .. }))
+                    .collect();
+                let mut added = fallback.len();
+                edits.extend(fallback);
+                let queued = tail.iter().any(|e| matches!(e, TreeEdit::Insert(_)));
+                let open_left = ctx.tree.open().iter().any(|n| n.id != node.id);
+                if added == 0 && !queued && !open_left {
+                    let seen: Vec<String> = ctx.tree.nodes.values().map(|n| n.action.summary()).collect();
+                    for p in self.offline.init(ctx).unwrap_or_default() {
+                        if !seen.contains(&p.action.summary()) {
+                            edits.push(TreeEdit::Insert(p));
+                            added += 1;
+                        }
+                    }
+                }
+                tracing::warn!(round = ctx.round, added, "LLM planner revision failed; using the offline planner's next actions");
+                self.log(&format!(
+                    "round {}: no planner revision this round ({why}); measurements applied, {added} offline action(s) added",
+                    ctx.round
+                ))
+            }
         }
         let mut out: Vec<TreeEdit> = pending
             .into_iter()
@@ -1096,6 +1273,22 @@ pub fn failure_log(r: &EvalReply) -> String {
     s
 }
 
+/// A reply cut to `max` characters: its head and tail, and how long it was.
+fn cap_reply(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_string();
+    }
+    let half = max / 2;
+    let head: String = s.chars().take(half).collect();
+    let tail: String = s.chars().skip(n - half).collect();
+    format!(
+        "{head}\n[… reply of {n} characters ({} bytes) stored cut: {} characters left out …]\n{tail}",
+        s.len(),
+        n - 2 * half
+    )
+}
+
 /// The parent's candidate with a new source. Defines the new source `#define`s itself are
 /// dropped from the candidate's defines, so that the source decides them.
 /// Every `api_key_env` named in `[llm]` (either role).
@@ -1116,7 +1309,8 @@ pub fn settings_keys(llm: Option<&serde_json::Value>) -> Vec<String> {
             _ => {}
         }
     }
-    let mut out = Vec::new();
+    // The key read when none is named.
+    let mut out = vec![ksearch_llm::DEFAULT_KEY_ENV.to_string()];
     if let Some(v) = llm {
         walk(v, &mut out);
     }

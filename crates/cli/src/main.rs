@@ -33,9 +33,12 @@ struct Cli {
     /// Folder holding the knowledge base. Default: ./kb, or the one next to the executable.
     #[arg(long, global = true)]
     kb_dir: Option<PathBuf>,
-    /// Print less.
+    /// Print less (log only errors).
     #[arg(long, short, global = true)]
     quiet: bool,
+    /// Log more: -v info (each LLM call's outcome), -vv debug. RUST_LOG overrides both.
+    #[arg(long, short, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -88,6 +91,9 @@ pub struct RunFlags {
     /// LLM: base URL of an OpenAI-compatible API.
     #[arg(long)]
     pub base_url: Option<String>,
+    /// LLM: the environment variable holding the API key (default: OPENAI_API_KEY when set).
+    #[arg(long)]
+    pub api_key_env: Option<String>,
     /// LLM: stop when this much money (USD) has been spent.
     #[arg(long)]
     pub max_cost: Option<f64>,
@@ -226,6 +232,31 @@ pub struct Global {
     pub quiet: bool,
 }
 
+/// Log lines (retries, fallbacks, time-outs: one line each) on stderr. `RUST_LOG` decides when
+/// set; else warnings, errors only with `-q`, more with `-v`.
+fn init_logging(quiet: bool, verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        _ => "debug",
+    };
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .compact()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 fn main() {
     // Neither candidates nor anything else of this user may read this process's memory or
     // environment through /proc or ptrace.
@@ -245,6 +276,7 @@ fn main() {
             std::process::exit(code);
         }
     };
+    init_logging(cli.quiet, cli.verbose);
     let g = Global {
         config: cli.config,
         store: cli.store,

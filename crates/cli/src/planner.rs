@@ -92,6 +92,23 @@ pub trait Planner {
     fn stop_reason(&self) -> Option<String> {
         None
     }
+    /// Set when the run cannot go on at all (e.g. the LLM server refused the key): the run
+    /// stops with an error (exit 2); `resume` continues it once the cause is fixed.
+    fn fatal(&self) -> Option<String> {
+        None
+    }
+    /// Whether the last failed write failed for a reason outside its action (the LLM server
+    /// was unreachable, rate-limited or too slow): the node is reopened, not failed.
+    fn retry_later(&self) -> bool {
+        false
+    }
+    /// No call of the planner may run past `deadline` (the run's time budget).
+    fn set_deadline(&mut self, _deadline: Option<std::time::Instant>) {}
+    /// On `resume` of a tree that has its first actions: a chance to redo a missing planner
+    /// initialisation. Returns the proposals to add.
+    fn resumed(&mut self, _ctx: &Ctx) -> Result<Vec<Proposal>> {
+        Ok(Vec::new())
+    }
 }
 
 /// The candidate for `kernel` with tunable values `config`.

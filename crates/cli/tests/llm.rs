@@ -46,6 +46,8 @@ fn ks(store: &Path, cfg: &Path) -> Command {
     let mut c = Command::cargo_bin("ksearch").unwrap();
     c.current_dir(repo())
         .env(KEY_VAR, KEY)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("RUST_LOG")
         .arg("--store")
         .arg(store)
         .arg("--config")
@@ -416,11 +418,16 @@ fn budget_stops_cleanly_and_resume_continues_also_across_planners() {
     let s = Store::open(&store).unwrap();
     assert!(s.run(id3).unwrap().status.starts_with("done"), "{}", out(&o));
     let nodes = s.nodes(id3).unwrap();
+    // The knowledge base's actions stay; the LLM planner's initialisation, missing, is done on
+    // resume and its actions join them.
     assert!(
         nodes
             .iter()
-            .any(|n| matches!(n.action, ksearch_core::tree::Action::Adopt { .. }) && n.speedup.is_some())
+            .any(|n| matches!(n.action, ksearch_core::tree::Action::Adopt { .. }))
     );
+    assert!(nodes.iter().any(|n| n.parent.is_some() && n.speedup.is_some()));
+    assert!(!s.artifacts(id3, "planner_init").unwrap().is_empty());
+    assert!(nodes.iter().any(|n| matches!(n.action, ksearch_core::tree::Action::Edit { .. })));
     assert!(calls(&store, id3).iter().any(|c| c.role == "planner" && c.error.is_none()));
 }
 
@@ -522,4 +529,285 @@ fn a_secret_reaches_no_prompt_no_store_byte_and_no_terminal_line() {
         "the failed candidate came back to the coder, scrubbed"
     );
     assert_no_key(&store);
+}
+
+// ----- servers that behave like the ones users meet -----
+
+/// A ksearch.toml with exactly these `[llm]` lines (no key variable named).
+fn plain_config(dir: &Path, base_url: &str, extra: &str) -> PathBuf {
+    let p = dir.join(format!("ksearch-{}.toml", rand_name()));
+    std::fs::write(
+        &p,
+        format!("[llm]\nbase_url = \"{base_url}\"\nmodel = \"scripted-model\"\nbackoff_base_s = 0.0\n{extra}\n"),
+    )
+    .unwrap();
+    p
+}
+
+/// The binary without `--quiet` and with no key variables of the test's own environment.
+fn ks_loud(store: &Path, cfg: &Path) -> Command {
+    let mut c = Command::cargo_bin("ksearch").unwrap();
+    c.current_dir(repo())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove(KEY_VAR)
+        .env_remove("RUST_LOG")
+        .arg("--store")
+        .arg(store)
+        .arg("--config")
+        .arg(cfg)
+        .timeout(Duration::from_secs(240));
+    c
+}
+
+fn softmax_run(c: &mut Command, extra: &[&str]) -> std::process::Output {
+    c.args(["run", "softmax", "--backend", "cpu", "--planner", "llm", "--max-reps", "3"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn last_run(store: &Path) -> i64 {
+    Store::open(store).unwrap().runs().unwrap().iter().map(|r| r.id).max().unwrap()
+}
+
+/// Like api.openai.com: 401 unless the request carries `Bearer <key>`.
+fn keyed_server(key: &'static str) -> Server {
+    Server::new(move |r, i| {
+        if r.header("authorization") != Some(format!("Bearer {key}").as_str()) {
+            return Reply::status(
+                401,
+                vec![],
+                json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}}),
+            );
+        }
+        good_handler(r, i)
+    })
+}
+
+#[test]
+fn openai_api_key_is_used_by_default_and_api_key_env_chooses_another() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = keyed_server(KEY);
+    let cfg = plain_config(d.path(), &srv.base_url(), "");
+    // OPENAI_API_KEY, as every OpenAI client reads it.
+    let store = d.path().join("a.db");
+    let o = softmax_run(ks_loud(&store, &cfg).env("OPENAI_API_KEY", KEY), &["--rounds", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(srv.requests().iter().all(|r| r.header("authorization") == Some(&format!("Bearer {KEY}"))));
+    assert!(!out(&o).contains(KEY));
+    assert!(calls(&store, last_run(&store)).iter().all(|c| c.error.is_none()));
+    assert_no_key(&store);
+    // --api-key-env names another variable; it wins over OPENAI_API_KEY.
+    let store = d.path().join("b.db");
+    let o = softmax_run(
+        ks_loud(&store, &cfg)
+            .env("OPENAI_API_KEY", "sk-wrong-key-0000")
+            .env("MY_LLM_KEY", KEY),
+        &["--rounds", "1", "--api-key-env", "MY_LLM_KEY"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let row = Store::open(&store).unwrap().run(last_run(&store)).unwrap();
+    assert!(row.config.to_string().contains("MY_LLM_KEY"));
+    assert_no_key(&store);
+    // And so does `[llm] api_key_env`.
+    let cfg2 = plain_config(d.path(), &srv.base_url(), "api_key_env = \"TOML_LLM_KEY\"");
+    let store = d.path().join("c.db");
+    let o = softmax_run(
+        ks_loud(&store, &cfg2)
+            .env("OPENAI_API_KEY", "sk-wrong-key-0000")
+            .env("TOML_LLM_KEY", KEY),
+        &["--rounds", "1"],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+}
+
+#[test]
+fn a_refused_key_stops_the_run_with_exit_2_and_names_the_variable() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = keyed_server(KEY);
+    let cfg = plain_config(d.path(), &srv.base_url(), "");
+    let store = d.path().join("s.db");
+    let wrong = "sk-wrong-key-do-not-print-4242";
+    let o = softmax_run(ks_loud(&store, &cfg).env("OPENAI_API_KEY", wrong), &["--rounds", "2"]);
+    let text = out(&o);
+    assert_eq!(o.status.code(), Some(2), "{text}");
+    assert!(text.contains("401") && text.contains("$OPENAI_API_KEY"), "{text}");
+    assert!(text.contains("ksearch resume"), "{text}");
+    assert!(!text.contains(wrong), "{text}");
+    // One request, no retries, no fall-back run on the knowledge base.
+    assert_eq!(srv.requests().len(), 1);
+    let id = last_run(&store);
+    let row = Store::open(&store).unwrap().run(id).unwrap();
+    assert_eq!(row.status, "stopped");
+    // No key at all: the message says which variable to set.
+    let store2 = d.path().join("t.db");
+    let o = softmax_run(&mut ks_loud(&store2, &cfg), &["--rounds", "2"]);
+    let text = out(&o);
+    assert_eq!(o.status.code(), Some(2), "{text}");
+    assert!(text.contains("no API key was sent") && text.contains("OPENAI_API_KEY"), "{text}");
+    // With the right key, resume continues the stopped run.
+    let o = ks_loud(&store, &cfg)
+        .env("OPENAI_API_KEY", KEY)
+        .args(["resume", &id.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(Store::open(&store).unwrap().run(id).unwrap().status.starts_with("done"));
+    assert_no_key(&store);
+}
+
+#[test]
+fn a_remote_base_url_without_a_key_is_warned_about() {
+    let d = tempfile::tempdir().unwrap();
+    // Nothing is sent: the budget allows no call.
+    let cfg = plain_config(d.path(), "https://llm.example.com/v1", "");
+    let store = d.path().join("s.db");
+    let o = softmax_run(&mut ks_loud(&store, &cfg), &["--rounds", "1", "--max-llm-calls", "0"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("no API key")).collect();
+    assert_eq!(warnings.len(), 1, "{}", out(&o));
+    assert!(warnings[0].contains("llm.example.com") && warnings[0].contains("--api-key-env"));
+    // A local server needs no key: no warning.
+    let srv = Server::new(good_handler);
+    let cfg = plain_config(d.path(), &srv.base_url(), "");
+    let o = softmax_run(&mut ks_loud(&store, &cfg), &["--rounds", "1", "--max-llm-calls", "0"]);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("no API key"), "{}", out(&o));
+}
+
+/// llama.cpp's server through llama-cpp-python: `json_schema` is answered with HTTP 500
+/// ("Input should be 'text' or 'json_object'"); `json_object` works.
+fn llama_cpp_handler(r: &Req, i: usize) -> Reply {
+    if r.body["response_format"]["type"] == "json_schema" {
+        return Reply::status(
+            500,
+            vec![],
+            json!({"error": {"message": "1 validation error for CreateChatCompletionRequest\nresponse_format.type\n  Input should be 'text' or 'json_object' [type=literal_error, input_value='json_schema', input_type=str]", "type": "internal_server_error"}}),
+        );
+    }
+    good_handler(r, i)
+}
+
+#[test]
+fn a_server_that_rejects_json_schema_with_500_is_negotiated_once_and_remembered() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = Server::new(llama_cpp_handler);
+    let cfg = config(d.path(), &srv.base_url(), "max_tokens = 3000");
+    let store = d.path().join("s.db");
+    let (id, o) = run(&store, &cfg, &["--rounds", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(calls(&store, id).iter().all(|c| c.error.is_none()), "{}", errors(&store, id));
+    let first = srv.requests();
+    let rejected = first
+        .iter()
+        .filter(|r| r.body["response_format"]["type"] == "json_schema")
+        .count();
+    // Once for the planner model; afterwards json_object.
+    assert_eq!(rejected, 1, "{first:?}");
+    // Every request caps its reply.
+    assert!(first.iter().all(|r| r.body["max_tokens"] == json!(3000)));
+    // The next run against the same server and model starts with json_object.
+    let n = first.len();
+    let (id2, o) = run(&store, &cfg, &["--rounds", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let later = &srv.requests()[n..];
+    assert!(!later.is_empty());
+    assert!(
+        later.iter().all(|r| r.body["response_format"]["type"] != "json_schema"),
+        "{later:?}"
+    );
+    assert!(calls(&store, id2).iter().all(|c| c.error.is_none()));
+}
+
+/// An OpenAI-compatible proxy that accepts no `response_format` at all (422 naming it) and
+/// answers with plain text: the planner gets the schema in its prompt and the run works.
+#[test]
+fn a_server_that_rejects_every_structured_mode_gets_plain_text() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = Server::new(|r, i| {
+        if r.body.get("response_format").is_some() {
+            return Reply::status(
+                422,
+                vec![],
+                json!({"detail": [{"type": "extra_forbidden", "loc": ["body", "response_format"], "msg": "Extra inputs are not permitted"}]}),
+            );
+        }
+        good_handler(r, i)
+    });
+    let cfg = config(d.path(), &srv.base_url(), "");
+    let store = d.path().join("s.db");
+    let (id, o) = run(&store, &cfg, &["--rounds", "1", "--time-budget", "120s"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(calls(&store, id).iter().all(|c| c.error.is_none()), "{}", errors(&store, id));
+    let plain: Vec<Req> = srv
+        .requests()
+        .into_iter()
+        .filter(|r| r.kind == Kind::Init && r.body.get("response_format").is_none())
+        .collect();
+    assert_eq!(plain.len(), 1);
+    assert!(plain[0].user.contains("JSON schema") && plain[0].user.contains("\"actions\""));
+}
+
+/// A server that accepts the connection and never answers: the run ends within its time
+/// budget (+ 10 s), exits as documented (1: no result), says how to continue, and resume
+/// continues it.
+#[test]
+fn a_hung_server_cannot_outlast_the_time_budget() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = Server::new(|_, _| Reply::Hang(Duration::from_secs(600)));
+    let cfg = plain_config(d.path(), &srv.base_url(), "timeout_s = 300.0\nmax_retries = 4");
+    let store = d.path().join("s.db");
+    let t0 = std::time::Instant::now();
+    let o = softmax_run(&mut ks_loud(&store, &cfg), &["--rounds", "4", "--time-budget", "10s"]);
+    let took = t0.elapsed();
+    let text = out(&o);
+    assert!(took < Duration::from_secs(20), "{took:?}\n{text}");
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{text}");
+    assert!(text.contains("time budget"), "{text}");
+    assert!(text.contains("ksearch resume"), "{text}");
+    let id = last_run(&store);
+    let c = calls(&store, id);
+    assert!(!c.is_empty() && c.iter().all(|c| c.error.is_some()), "every call recorded");
+    assert!(errors(&store, id).contains("time budget"), "{}", errors(&store, id));
+    // resume continues it (a new budget by flag), and stops on that budget too.
+    let t0 = std::time::Instant::now();
+    let o = ks_loud(&store, &cfg)
+        .args(["resume", &id.to_string(), "--time-budget", "5s"])
+        .output()
+        .unwrap();
+    let text = out(&o);
+    assert!(t0.elapsed() < Duration::from_secs(15), "{text}");
+    assert!(!text.contains("already finished") && text.contains("resuming run"), "{text}");
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{text}");
+}
+
+/// A server that answers 200 with garbage: every call fails fast; the planner falls back to
+/// the offline planner's actions each round and the run goes on to its last round.
+#[test]
+fn a_garbage_server_falls_back_to_the_offline_planner_and_the_run_goes_on() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = Server::new(|_, _| Reply::Http {
+        status: 200,
+        headers: vec![],
+        body: "<html><body>502 Bad Gateway, probably</body></html>".into(),
+    });
+    let cfg = config(d.path(), &srv.base_url(), "");
+    let store = d.path().join("s.db");
+    let (id, o) = run(&store, &cfg, &["--rounds", "3", "--time-budget", "200s"]);
+    let s = Store::open(&store).unwrap();
+    let row = s.run(id).unwrap();
+    assert!(row.status.starts_with("done"), "{}", out(&o));
+    assert_eq!(row.round, 3, "the run went on past round 1: {}", out(&o));
+    assert!(errors(&store, id).contains("not valid JSON"));
+    drop(s);
+    // A good server later: resume (more rounds) redoes the missing planner initialisation.
+    let good = Server::new(good_handler);
+    let o = ks(&store, &cfg)
+        .args(["resume", &id.to_string(), "--rounds", "4", "--base-url", &good.base_url()])
+        .output()
+        .unwrap();
+    check_exit(&o);
+    let s = Store::open(&store).unwrap();
+    assert!(!s.artifacts(id, "planner_init").unwrap().is_empty(), "{}", out(&o));
+    assert_eq!(s.run(id).unwrap().round, 4);
+    assert_eq!(good.count(Kind::Init), 1);
 }

@@ -90,4 +90,16 @@ impl<C: LlmClient> LlmClient for Budgeted<C> {
     fn model(&self) -> &str {
         self.inner.model()
     }
+    fn set_deadline(&self, d: Option<std::time::Instant>) {
+        self.inner.set_deadline(d)
+    }
+    fn learnt(&self) -> Option<serde_json::Value> {
+        self.inner.learnt()
+    }
+    fn restore_learnt(&self, v: &serde_json::Value) {
+        self.inner.restore_learnt(v)
+    }
+    fn server_key(&self) -> Option<String> {
+        self.inner.server_key()
+    }
 }

@@ -1,6 +1,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::config::{ModelConfig, StructuredMode};
@@ -18,15 +19,18 @@ const EXCERPT: usize = 600;
 const MAX_ADAPTATIONS: u32 = 5;
 
 /// Which name carries the completion-token cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 enum TokenField {
     MaxTokens,
     MaxCompletionTokens,
     Omit,
 }
 
-/// What this client learnt a server rejects; kept for later calls.
-#[derive(Debug, Clone, Copy)]
+/// What this client learnt a server rejects; kept for later calls (and, through
+/// [`LlmClient::learnt`], by the caller for later runs against the same server and model).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 struct Adaptations {
     /// A downgraded structured-output mode (Auto only).
     structured: Option<StructuredMode>,
@@ -52,6 +56,8 @@ pub struct OpenAiCompatible {
     agent: ureq::Agent,
     adapt: Mutex<Adaptations>,
     sleeper: Sleeper,
+    /// No call may run past this instant (the run's time budget).
+    deadline: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for OpenAiCompatible {
@@ -90,6 +96,7 @@ impl OpenAiCompatible {
             agent,
             adapt: Mutex::new(Adaptations::default()),
             sleeper: Arc::new(std::thread::sleep),
+            deadline: Mutex::new(None),
         })
     }
 
@@ -124,15 +131,19 @@ impl OpenAiCompatible {
         v
     }
 
-    fn api_key(&self) -> Result<Option<String>, LlmError> {
-        match &self.cfg.api_key_env {
-            None => Ok(None),
-            Some(var) if var.trim().is_empty() => Ok(None),
-            Some(var) => match std::env::var(var) {
-                Ok(k) if !k.trim().is_empty() => Ok(Some(k.trim().to_string())),
-                _ => Err(LlmError::MissingApiKey { var: var.clone() }),
+    /// The key's variable and the key (both None when no key is sent).
+    fn api_key(&self) -> Result<(Option<String>, Option<String>), LlmError> {
+        match self.cfg.key_var() {
+            None => Ok((None, None)),
+            Some(var) => match std::env::var(&var) {
+                Ok(k) if !k.trim().is_empty() => Ok((Some(var), Some(k.trim().to_string()))),
+                _ => Err(LlmError::MissingApiKey { var }),
             },
         }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn effective_mode(&self, a: &Adaptations) -> StructuredMode {
@@ -181,13 +192,25 @@ impl OpenAiCompatible {
                 StructuredMode::JsonObject => {
                     body.insert("response_format".into(), json!({"type": "json_object"}));
                 }
-                StructuredMode::None => {}
+                StructuredMode::None => {
+                    // Plain text: the schema goes into the prompt.
+                    let note = format!(
+                        "\n\nReply with one JSON object (no other text) that follows this JSON schema:\n```json\n{schema}\n```"
+                    );
+                    if let Some(Value::Array(msgs)) = body.get_mut("messages")
+                        && let Some(last) = msgs.iter_mut().rev().find(|m| m["role"] == "user")
+                        && let Some(Value::String(c)) = last.get_mut("content")
+                    {
+                        c.push_str(&note);
+                    }
+                }
             }
         }
         Value::Object(body)
     }
 
-    /// On a 400/422 that names a field we sent, change how that field is sent; true if changed.
+    /// On a rejection (400, 422, 500 alike) that names a field we sent, change how that field is
+    /// sent; true if changed.
     fn adapt_to_rejection(&self, body_sent: &Value, answer: &str) -> bool {
         let text = answer.to_ascii_lowercase();
         let sent = |k: &str| body_sent.get(k).is_some();
@@ -230,19 +253,26 @@ impl OpenAiCompatible {
         } else {
             return false;
         }
-        tracing::warn!(model = %self.cfg.model, change = %what, "LLM server rejected a request field; retrying without it");
+        tracing::warn!(model = %self.cfg.model, change = %what, "LLM server rejected a request field; trying again with the change");
         true
     }
 
-    fn attempt(&self, body: &str, key: Option<&str>) -> Result<String, Failure> {
+    fn attempt(&self, body: &str, key: Option<&str>, limit: Duration) -> Result<String, Failure> {
+        let connect = Duration::from_secs_f64(self.cfg.connect_timeout_s).min(limit);
         let mut rb = self
             .agent
             .post(&self.cfg.endpoint())
+            .config()
+            .timeout_global(Some(limit))
+            .timeout_connect(Some(connect))
+            .build()
             .header("Content-Type", "application/json");
         if let Some(k) = key {
             rb = rb.header("Authorization", format!("Bearer {k}"));
         }
-        let mut resp = rb.send(body.as_bytes()).map_err(|e| self.transport(e, key))?;
+        let mut resp = rb
+            .send(body.as_bytes())
+            .map_err(|e| self.transport(e, key, limit))?;
         let status = resp.status().as_u16();
         let retry_after = retry_after(resp.headers());
         let text = resp
@@ -250,7 +280,7 @@ impl OpenAiCompatible {
             .with_config()
             .limit(MAX_BODY)
             .read_to_string()
-            .map_err(|e| self.transport(e, key))?;
+            .map_err(|e| self.transport(e, key, limit))?;
         if (200..300).contains(&status) {
             Ok(text)
         } else {
@@ -262,19 +292,19 @@ impl OpenAiCompatible {
         }
     }
 
-    fn transport(&self, e: ureq::Error, key: Option<&str>) -> Failure {
+    fn transport(&self, e: ureq::Error, key: Option<&str>, limit: Duration) -> Failure {
         let msg = redact(&e.to_string(), key);
         match e {
             ureq::Error::Timeout(_) => Failure::Other {
                 err: LlmError::Timeout {
-                    after_s: self.cfg.timeout_s,
+                    after_s: limit.as_secs_f64(),
                 },
                 retryable: true,
             },
             ureq::Error::Io(io) if matches!(io.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) => {
                 Failure::Other {
                     err: LlmError::Timeout {
-                        after_s: self.cfg.timeout_s,
+                        after_s: limit.as_secs_f64(),
                     },
                     retryable: true,
                 }
@@ -399,18 +429,45 @@ impl LlmClient for OpenAiCompatible {
             return Err(LlmError::Config("a chat request needs at least one message".into()));
         }
         let start = Instant::now();
-        let key = self.api_key()?;
+        let (var, key) = self.api_key()?;
         let key = key.as_deref();
+        let deadline = self.deadline();
+        let per_call = Duration::from_secs_f64(self.cfg.timeout_s);
         let mut attempts = 0u32;
         let mut retries = 0u32;
         let mut adaptations = 0u32;
+        let mut last: Option<LlmError> = None;
+        let out_of_time = |attempts: u32, last: &Option<LlmError>| {
+            tracing::warn!(model = %self.cfg.model, attempts, "LLM call stopped: the run's time budget ran out");
+            LlmError::Deadline {
+                attempts,
+                last: last.as_ref().map(|e| e.to_string()),
+            }
+        };
+        let wrap = |attempts: u32, err: LlmError| {
+            if attempts > 1 {
+                LlmError::Exhausted {
+                    attempts,
+                    last: Box::new(err),
+                }
+            } else {
+                err
+            }
+        };
         loop {
+            // One deadline: no attempt runs past the run's time budget.
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l < Duration::from_millis(50)) {
+                return Err(out_of_time(attempts, &last));
+            }
+            let limit = left.map_or(per_call, |l| l.min(per_call));
+            let capped = limit < per_call;
             attempts += 1;
             let a = *self.adapt.lock().unwrap_or_else(|p| p.into_inner());
             let body = self.body(req, &a);
             let body_text = body.to_string();
-            tracing::debug!(model = %self.cfg.model, attempt = attempts, bytes = body_text.len(), "LLM request");
-            let (err, retryable, wait_hint) = match self.attempt(&body_text, key) {
+            tracing::debug!(model = %self.cfg.model, attempt = attempts, bytes = body_text.len(), limit_s = limit.as_secs_f64(), "LLM request");
+            let (err, retryable, wait_hint) = match self.attempt(&body_text, key, limit) {
                 Ok(text) => match self.parse_completion(req, &text) {
                     Ok(p) => {
                         let cost = self.cfg.cost(p.usage.prompt_tokens, p.usage.completion_tokens);
@@ -434,12 +491,21 @@ impl LlmClient for OpenAiCompatible {
                     retry_after,
                     body: answer,
                 }) => {
-                    if (status == 400 || status == 422)
+                    if matches!(status, 400 | 415 | 422 | 500 | 501)
                         && adaptations < MAX_ADAPTATIONS
                         && self.adapt_to_rejection(&body, &answer)
                     {
                         adaptations += 1;
                         continue;
+                    }
+                    if status == 401 || status == 403 {
+                        let e = LlmError::Auth {
+                            status,
+                            var: var.clone(),
+                            body_excerpt: excerpt(&answer, EXCERPT),
+                        };
+                        tracing::error!(model = %self.cfg.model, "{e}");
+                        return Err(wrap(attempts, e));
                     }
                     let e = LlmError::Http {
                         status,
@@ -448,37 +514,56 @@ impl LlmClient for OpenAiCompatible {
                     let r = e.is_retryable();
                     (e, r, retry_after)
                 }
-                Err(Failure::Other { err, retryable }) => (redact_err(err, key), retryable, None),
+                Err(Failure::Other { err, retryable }) => {
+                    if capped && matches!(err, LlmError::Timeout { .. }) {
+                        return Err(out_of_time(attempts, &Some(err)));
+                    }
+                    (redact_err(err, key), retryable, None)
+                }
             };
-            if !retryable {
-                return Err(if retries > 0 {
-                    LlmError::Exhausted {
-                        attempts,
-                        last: Box::new(err),
-                    }
-                } else {
-                    err
-                });
-            }
-            if retries >= self.cfg.max_retries {
-                return Err(if retries > 0 {
-                    LlmError::Exhausted {
-                        attempts,
-                        last: Box::new(err),
-                    }
-                } else {
-                    err
-                });
+            if !retryable || retries >= self.cfg.max_retries {
+                if retryable {
+                    tracing::warn!(model = %self.cfg.model, attempts, error = %err, "LLM call failed; no retries left");
+                }
+                return Err(wrap(attempts, err));
             }
             retries += 1;
             let wait = retry_delay(retries, wait_hint, self.cfg.backoff_base_s, self.cfg.max_backoff_s, jitter());
+            if let Some(d) = deadline
+                && Instant::now() + wait >= d
+            {
+                return Err(out_of_time(attempts, &Some(err)));
+            }
             tracing::warn!(model = %self.cfg.model, attempt = attempts, error = %err, wait_s = wait.as_secs_f64(), "LLM call failed; retrying");
+            last = Some(err);
             (self.sleeper)(wait);
         }
     }
 
     fn model(&self) -> &str {
         &self.cfg.model
+    }
+
+    fn set_deadline(&self, deadline: Option<Instant>) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = deadline;
+    }
+
+    fn learnt(&self) -> Option<Value> {
+        let a = *self.adapt.lock().unwrap_or_else(|p| p.into_inner());
+        (a != Adaptations::default())
+            .then(|| serde_json::to_value(a).ok())
+            .flatten()
+    }
+
+    fn restore_learnt(&self, v: &Value) {
+        if let Ok(a) = serde_json::from_value::<Adaptations>(v.clone()) {
+            tracing::info!(model = %self.cfg.model, base_url = %self.cfg.base_url, learnt = %v, "using what an earlier run learnt about this server");
+            *self.adapt.lock().unwrap_or_else(|p| p.into_inner()) = a;
+        }
+    }
+
+    fn server_key(&self) -> Option<String> {
+        Some(format!("{} {}", self.cfg.base_url.trim_end_matches('/'), self.cfg.model))
     }
 }
 

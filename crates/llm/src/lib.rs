@@ -22,7 +22,7 @@ mod types;
 
 pub use budget::{Budget, Budgeted};
 pub use client::{OpenAiCompatible, Sleeper};
-pub use config::{ModelConfig, StructuredMode};
+pub use config::{DEFAULT_KEY_ENV, DEFAULT_MAX_TOKENS, ModelConfig, StructuredMode};
 pub use error::{LlmError, ParseError};
 pub use mock::ScriptedClient;
 pub use parse::{detect_lang, extract_code, extract_json, repair_prompt};

@@ -516,7 +516,8 @@ impl Prompts {
             "kind": err.kind(),
             "error": err.to_string(),
             "guidance": err.guidance(),
-            "expects": if matches!(err, ParseError::NoCodeBlock | ParseError::TruncatedCode | ParseError::EmptyCode | ParseError::WrongLanguage { .. }) { "code" } else { "json" },
+            "expects": if matches!(err, ParseError::NoCodeBlock | ParseError::TruncatedCode | ParseError::EmptyCode | ParseError::WrongLanguage { .. })
+                || (matches!(err, ParseError::Truncated { .. }) && lang.is_some()) { "code" } else { "json" },
             "lang": lang,
         });
         Ok(self.render_raw(REPAIR, &ctx)?.trim().to_string())

@@ -116,6 +116,18 @@ impl ChatResponse {
 pub trait LlmClient: Send + Sync {
     fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError>;
     fn model(&self) -> &str;
+    /// No call may run past `deadline` (the run's time budget); None lifts it.
+    fn set_deadline(&self, _deadline: Option<std::time::Instant>) {}
+    /// What the client learnt about its server (fields it rejects), to remember for later runs.
+    fn learnt(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Start from what an earlier run learnt (see [`LlmClient::learnt`]).
+    fn restore_learnt(&self, _learnt: &serde_json::Value) {}
+    /// Names the server and model, under which [`LlmClient::learnt`] is remembered.
+    fn server_key(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<T: LlmClient + ?Sized> LlmClient for std::sync::Arc<T> {
@@ -125,6 +137,18 @@ impl<T: LlmClient + ?Sized> LlmClient for std::sync::Arc<T> {
     fn model(&self) -> &str {
         (**self).model()
     }
+    fn set_deadline(&self, d: Option<std::time::Instant>) {
+        (**self).set_deadline(d)
+    }
+    fn learnt(&self) -> Option<serde_json::Value> {
+        (**self).learnt()
+    }
+    fn restore_learnt(&self, v: &serde_json::Value) {
+        (**self).restore_learnt(v)
+    }
+    fn server_key(&self) -> Option<String> {
+        (**self).server_key()
+    }
 }
 
 impl<T: LlmClient + ?Sized> LlmClient for Box<T> {
@@ -133,5 +157,17 @@ impl<T: LlmClient + ?Sized> LlmClient for Box<T> {
     }
     fn model(&self) -> &str {
         (**self).model()
+    }
+    fn set_deadline(&self, d: Option<std::time::Instant>) {
+        (**self).set_deadline(d)
+    }
+    fn learnt(&self) -> Option<serde_json::Value> {
+        (**self).learnt()
+    }
+    fn restore_learnt(&self, v: &serde_json::Value) {
+        (**self).restore_learnt(v)
+    }
+    fn server_key(&self) -> Option<String> {
+        (**self).server_key()
     }
 }

@@ -146,10 +146,17 @@ fn json_object_and_none_modes_shape_the_request() {
     c.chat(&hello()).unwrap();
     let reqs = server.requests();
     assert_eq!(reqs[0].json()["response_format"], json!({"type": "json_object"}));
-    assert!(reqs[1].json().get("response_format").is_none());
+    // Plain text: the schema travels in the prompt instead.
+    let none = reqs[1].json();
+    assert!(none.get("response_format").is_none());
+    let user = none["messages"][1]["content"].as_str().unwrap();
+    assert!(user.starts_with("Say hi.") && user.contains("JSON schema") && user.contains("\"object\""), "{user}");
     let plain = reqs[2].json();
     assert_standard(&plain);
-    assert_eq!(plain.as_object().unwrap().len(), 2, "only model and messages: {plain}");
+    assert_eq!(plain["messages"][1]["content"], "Say hi.");
+    // max_tokens is always sent, so that no server generates without end.
+    assert_eq!(plain["max_tokens"], json!(DEFAULT_MAX_TOKENS));
+    assert_eq!(plain.as_object().unwrap().len(), 3, "only model, messages and max_tokens: {plain}");
 }
 
 #[test]
@@ -222,9 +229,12 @@ fn client_errors_are_not_retried() {
     let (c, waits) = client(config(&server));
     let err = c.chat(&hello()).unwrap_err();
     assert!(
-        matches!(&err, LlmError::Http { status: 401, body_excerpt } if body_excerpt.contains("Incorrect API key")),
+        matches!(&err, LlmError::Auth { status: 401, var: Some(v), body_excerpt } if body_excerpt.contains("Incorrect API key") && v == KEY_VAR),
         "{err:?}"
     );
+    // The message names the variable, never the key.
+    let msg = err.to_string();
+    assert!(msg.contains(KEY_VAR) && !msg.contains(KEY), "{msg}");
     assert_eq!(server.count(), 1);
     assert!(waits.lock().unwrap().is_empty());
 }
@@ -632,4 +642,83 @@ fn scripted_client_replays_and_records() {
     assert!(matches!(s.chat(&hello()), Err(LlmError::Timeout { .. })));
     assert!(s.chat(&hello()).is_err());
     assert_eq!(s.requests().len(), 4);
+}
+
+/// llama.cpp's server (through llama-cpp-python) answers `json_schema` with a 500 whose body
+/// names the accepted types; `json_object` works there.
+fn llama_cpp_like(r: &support::Recorded, _: usize) -> Reply {
+    let b = r.json();
+    match b["response_format"]["type"].as_str() {
+        Some("json_schema") => Reply::json(
+            500,
+            json!({"error": {"message": "1 validation error: response_format.type: Input should be 'text' or 'json_object'", "type": "internal_server_error"}}),
+        ),
+        _ => Reply::completion("{\"ok\": true}", Some((3, 3))),
+    }
+}
+
+#[test]
+fn a_500_that_names_response_format_downgrades_to_json_object() {
+    let server = Server::with_handler(llama_cpp_like);
+    let (c, waits) = client(config(&server));
+    let req = hello().with_schema("x", json!({"type": "object"}));
+    let r = c.chat(&req).unwrap();
+    assert_eq!(r.attempts, 2);
+    assert!(waits.lock().unwrap().is_empty(), "a rejection is not retried with back-off");
+    let learnt = c.learnt().expect("the downgrade is remembered");
+    // A later call (and a later client given what was learnt) starts with json_object.
+    c.chat(&req).unwrap();
+    let (c2, _) = client(config(&server));
+    c2.restore_learnt(&learnt);
+    c2.chat(&req).unwrap();
+    let types: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.json()["response_format"]["type"].as_str().unwrap_or("-").to_string())
+        .collect();
+    assert_eq!(types, ["json_schema", "json_object", "json_object", "json_object"]);
+    assert_eq!(c.server_key().unwrap(), format!("{} test-model", server.base_url()));
+}
+
+/// A server that rejects every `response_format` (422 naming the field): plain text, with the
+/// schema in the prompt.
+#[test]
+fn a_server_rejecting_every_structured_mode_gets_the_schema_in_the_prompt() {
+    let server = Server::with_handler(|r, _| {
+        if r.json().get("response_format").is_some() {
+            Reply::json(422, json!({"detail": [{"loc": ["body", "response_format"], "msg": "extra fields not permitted"}]}))
+        } else {
+            Reply::completion("{\"ok\": true}", None)
+        }
+    });
+    let (c, _) = client(config(&server));
+    let r = c.chat(&hello().with_schema("x", json!({"type": "object", "required": ["ok"]}))).unwrap();
+    assert_eq!(r.attempts, 3);
+    let reqs = server.requests();
+    let last = reqs.last().unwrap().json();
+    assert!(last.get("response_format").is_none());
+    assert!(last["messages"][1]["content"].as_str().unwrap().contains("\"required\""));
+}
+
+/// The run's deadline bounds a call in flight: a hung server is given up on when it passes,
+/// whatever the per-call time-out and retries say.
+#[test]
+fn a_deadline_bounds_a_hung_call() {
+    let server = Server::with_handler(|_, _| Reply::Hang(Duration::from_secs(30)));
+    let mut cfg = config(&server);
+    cfg.timeout_s = 300.0;
+    cfg.max_retries = 4;
+    let c = OpenAiCompatible::new(cfg).unwrap();
+    let t0 = std::time::Instant::now();
+    c.set_deadline(Some(t0 + Duration::from_millis(800)));
+    let err = c.chat(&hello()).unwrap_err();
+    assert!(matches!(err, LlmError::Deadline { attempts: 1, .. }), "{err:?}");
+    assert!(err.to_string().contains("time budget"), "{err}");
+    // Generous bound: the call ended with the deadline, not after 300 s.
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    // Past the deadline, no request is made at all.
+    let n = server.count();
+    let err = c.chat(&hello()).unwrap_err();
+    assert!(matches!(err, LlmError::Deadline { attempts: 0, .. }), "{err:?}");
+    assert_eq!(server.count(), n);
 }

@@ -857,6 +857,16 @@ impl Store {
         Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
     }
 
+    /// The newest artifact of `kind` named `name` in any run (e.g. what an LLM server was
+    /// found to accept, remembered across runs).
+    pub fn latest_artifact_named(&self, kind: &str, name: &str) -> Result<Option<String>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT content FROM artifacts WHERE kind = ?1 AND name = ?2 ORDER BY id DESC LIMIT 1")?;
+        let mut rows = st.query_map(params![kind, name], |r| r.get::<_, String>(0))?;
+        Ok(rows.next().transpose()?)
+    }
+
     // ----- LLM calls -----
 
     pub fn insert_llm_call(&self, run: i64, c: &LlmCallRow) -> Result<i64> {
