@@ -167,6 +167,10 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
                     Dialect::Cuda => (p.metal.clone(), p.cuda[0].clone()),
                 };
                 println!("{from} -> {target}");
+                println!("  types: {}", p.types);
+                for (spelling, domain) in &p.cuda_types {
+                    println!("  {spelling}: {domain}");
+                }
                 println!("  {}", p.note);
                 if let Some(m) = &p.mlx {
                     println!("  MLX: {m}");

@@ -32,6 +32,13 @@ pub struct Primitive {
     pub cuda: Vec<String>,
     /// Metal spelling, or `none`.
     pub metal: String,
+    /// The value types the mapping holds for (both spellings), or `none: …` where no values
+    /// are involved.
+    pub types: String,
+    /// CUDA spellings whose type domain is narrower than `types` (e.g. `__reduce_add_sync`:
+    /// 32-bit integers only).
+    #[serde(default)]
+    pub cuda_types: std::collections::BTreeMap<String, String>,
     pub note: String,
     #[serde(default)]
     pub mlx: Option<String>,
@@ -40,6 +47,18 @@ pub struct Primitive {
     /// `body` (a statement inside a kernel) or `file` (a whole Metal source).
     #[serde(default = "body")]
     pub example_scope: String,
+}
+
+impl Primitive {
+    /// Whether the mapping holds for floating-point values.
+    pub fn takes_float(&self) -> bool {
+        self.types.contains("float") || self.types.contains("half")
+    }
+
+    /// The type domain of one CUDA spelling (its own where narrower, else the mapping's).
+    pub fn cuda_domain(&self, spelling: &str) -> &str {
+        self.cuda_types.get(spelling).map(String::as_str).unwrap_or(&self.types)
+    }
 }
 
 fn body() -> String {
@@ -87,6 +106,23 @@ pub(crate) fn load(path: &Path) -> Result<Vec<Primitive>, KbError> {
                 p.id,
                 p.kind,
                 KINDS.join(", ")
+            )));
+        }
+        if p.types.trim().is_empty() {
+            return Err(inv(format!("primitive `{}` states no type domain (`types`)", p.id)));
+        }
+        if let Some(s) = p.cuda_types.keys().find(|s| !p.cuda.contains(s)) {
+            return Err(inv(format!("primitive `{}`: cuda_types names `{s}`, which is not one of its CUDA spellings", p.id)));
+        }
+        // What `kb map … --to cuda` answers is the first spelling: a float mapping must not
+        // answer with a spelling that takes no floats.
+        if let Some(d) = p.cuda_types.get(&p.cuda[0])
+            && p.takes_float()
+            && !d.contains("float")
+        {
+            return Err(inv(format!(
+                "primitive `{}` takes floats, but its first CUDA spelling `{}` takes {d}",
+                p.id, p.cuda[0]
             )));
         }
         if p.example_scope != "body" && p.example_scope != "file" {
