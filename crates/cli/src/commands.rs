@@ -1068,12 +1068,35 @@ fn bench(
     let run_id = store.create_run(&task.name, &cfg.backend, "bench", cfg.seed, "", &serde_json::json!({}))?;
     let mut s = new_search(store, run_id, cfg.clone(), task, &flags, true)?;
     let mut rows = Vec::new();
+    let (mut worst, mut retimed) = (0.0f64, false);
     for (which, list_heldout) in [(false, false), (true, true)] {
         if which && !heldout {
             continue;
         }
-        let (rs, _) = s.evaluate_pub(&seed_cand, list_heldout);
-        let (rc, _) = s.evaluate_pub(&cand, list_heldout);
+        let (mut rs, _) = s.evaluate_pub(&seed_cand, list_heldout);
+        let (mut rc, _) = s.evaluate_pub(&cand, list_heldout);
+        let spread = |a: &ksearch_core::protocol::EvalReply, b: &ksearch_core::protocol::EvalReply| {
+            crate::driver::max_spread(a).max(crate::driver::max_spread(b))
+        };
+        if crate::driver::failure_of(&rc).is_none() && spread(&rs, &rc) > crate::driver::NOISY_SPREAD {
+            // Noisy: time both again, back to back, with three times the repetitions, and keep
+            // the calmer pair.
+            let saved = s.cfg.timing.clone();
+            s.cfg.timing.min_reps = (saved.min_reps * 3).max(10);
+            s.cfg.timing.max_reps = (saved.max_reps * 3).max(s.cfg.timing.min_reps);
+            s.cfg.timing.target_ms = saved.target_ms * 3.0;
+            let (rs2, _) = s.evaluate_pub(&seed_cand, list_heldout);
+            let (rc2, _) = s.evaluate_pub(&cand, list_heldout);
+            s.cfg.timing = saved;
+            retimed = true;
+            if crate::driver::failure_of(&rc2).is_none()
+                && crate::driver::failure_of(&rs2).is_none()
+                && spread(&rs2, &rc2) < spread(&rs, &rc)
+            {
+                (rs, rc) = (rs2, rc2);
+            }
+        }
+        worst = worst.max(spread(&rs, &rc));
         rows.push((list_heldout, rs, rc));
     }
     println!(
@@ -1114,6 +1137,12 @@ fn bench(
                 wc.check.max_abs_err
             );
         }
+    }
+    if let Some(l) = crate::driver::noise_line(Some(worst)) {
+        println!(
+            "{l}{}",
+            if retimed { " (even timed again with 3x the repetitions)" } else { "" }
+        );
     }
     Ok(if ok { 0 } else { 1 })
 }

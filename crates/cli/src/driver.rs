@@ -260,7 +260,7 @@ const FINAL_CANDIDATES: usize = 3;
 pub fn noise_line(spread: Option<f64>) -> Option<String> {
     spread
         .filter(|s| *s > NOISY_SPREAD)
-        .map(|s| format!("timings noisy: spread {:.0}%, machine busy? (figures less certain)", s * 100.0))
+        .map(|s| format!("timings noisy: spread {:.0}%, machine busy?", s * 100.0))
 }
 
 /// The worst spread over a reply's timed workloads.
@@ -1238,6 +1238,16 @@ mod tests {
         assert_eq!(got.get("BLOCK"), Some(&64), "the searched tunable is kept");
         assert_eq!(specialise(&k, &cfg, &w(128)), Some(cfg.clone()));
         assert_eq!(specialise(&k, &cfg, &w(96)), None, "no build for an unsupported shape");
+    }
+
+    #[test]
+    fn noise_is_named_above_a_quarter_of_spread_only() {
+        assert_eq!(noise_line(None), None);
+        assert_eq!(noise_line(Some(0.25)), None);
+        assert_eq!(
+            noise_line(Some(0.48)).as_deref(),
+            Some("timings noisy: spread 48%, machine busy?")
+        );
     }
 
     #[test]

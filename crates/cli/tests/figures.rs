@@ -150,3 +150,25 @@ fn the_summary_of_a_finished_run_tells_the_same_story() {
     assert!(text.contains("held-out validation: passed on 1 workloads (5.00x)"), "{text}");
     assert!(!text.contains("no result"), "{text}");
 }
+
+/// Timings that spread widely are taken again with more repetitions and, still noisy, said so
+/// in one line.
+#[test]
+fn bench_says_when_its_timings_are_noisy() {
+    let d = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf();
+    let k = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/noisy/softmax_noisy.cpp");
+    let o = ks(&d.path().join("s.db"))
+        .current_dir(&repo)
+        .args(["bench", "softmax", k.to_str().unwrap(), "--backend", "cpu"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    let text = out(&o);
+    let noisy: Vec<&str> = text.lines().filter(|l| l.starts_with("timings noisy: spread ")).collect();
+    assert_eq!(noisy.len(), 1, "{text}");
+    assert!(
+        noisy[0].contains("machine busy?") && noisy[0].contains("timed again with 3x the repetitions"),
+        "{text}"
+    );
+}
