@@ -470,6 +470,8 @@ fn drive(s: &mut Search, budget: Option<Duration>) -> Result<i32> {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     pb.set_position(s.round as u64);
+    // Log lines are written above the bar, not through it.
+    crate::show_progress(&pb);
     let t0 = Instant::now();
     let evals0 = s.store.count_evaluations(s.run_id)?;
     let reason = loop {

@@ -915,7 +915,6 @@ impl Planner for LlmPlanner {
                     bail!("{f}; fix the key, then continue with `ksearch resume {}`", ctx.run_id);
                 }
                 // No plan from the model: start from the knowledge base's kernels instead.
-                tracing::warn!("LLM planner initialisation failed; falling back to the knowledge base's actions");
                 self.log(&format!(
                     "LLM planner initialisation failed ({why}); starting from the knowledge-base actions"
                 ));
@@ -1126,11 +1125,10 @@ impl Planner for LlmPlanner {
                         }
                     }
                 }
-                tracing::warn!(round = ctx.round, added, "LLM planner revision failed; using the offline planner's next actions");
-                self.log(&format!(
-                    "round {}: no planner revision this round ({why}); measurements applied, {added} offline action(s) added",
+                tracing::warn!(
+                    "round {}: no planner revision ({why}); measurements applied, the offline planner's next actions used ({added} added)",
                     ctx.round
-                ))
+                );
             }
         }
         let mut out: Vec<TreeEdit> = pending

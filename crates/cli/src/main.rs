@@ -232,6 +232,33 @@ pub struct Global {
     pub quiet: bool,
 }
 
+/// The progress bar on the terminal, if any: log lines are written with it suspended.
+static PROGRESS: std::sync::Mutex<Option<indicatif::ProgressBar>> = std::sync::Mutex::new(None);
+
+/// Log lines go above this bar from now on.
+pub fn show_progress(pb: &indicatif::ProgressBar) {
+    if let Ok(mut p) = PROGRESS.lock() {
+        *p = Some(pb.clone());
+    }
+}
+
+/// stderr, with the progress bar (if any) out of the way while a line is written.
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let pb = PROGRESS.lock().ok().and_then(|p| p.clone());
+        match pb {
+            Some(pb) if !pb.is_hidden() && !pb.is_finished() => pb.suspend(|| std::io::stderr().write_all(buf))?,
+            _ => std::io::stderr().write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 /// Log lines (retries, fallbacks, time-outs: one line each) on stderr. `RUST_LOG` decides when
 /// set; else warnings, errors only with `-q`, more with `-v`.
 fn init_logging(quiet: bool, verbose: u8) {
@@ -249,7 +276,7 @@ fn init_logging(quiet: bool, verbose: u8) {
         .unwrap_or_else(|| EnvFilter::new(level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| LogWriter)
         .with_target(false)
         .without_time()
         .compact()

@@ -811,3 +811,154 @@ fn a_garbage_server_falls_back_to_the_offline_planner_and_the_run_goes_on() {
     assert_eq!(s.run(id).unwrap().round, 4);
     assert_eq!(good.count(Kind::Init), 1);
 }
+
+/// A server that fails the first request of the planner's initialisation with a 503: the
+/// retry is one line on stderr, hidden by -q, and RUST_LOG shows more.
+#[test]
+fn retries_and_fallbacks_are_one_visible_line_each() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = Server::new(|r, i| match (r.kind, i) {
+        (Kind::Init, 0) => Reply::status(503, vec![], json!({"error": {"message": "model is loading"}})),
+        (Kind::Update, _) => Reply::status(500, vec![], json!({"error": {"message": "worker crashed"}})),
+        _ => good_handler(r, i),
+    });
+    let cfg = plain_config(d.path(), &srv.base_url(), "max_retries = 1\napi_key_env = \"\"");
+    let store = d.path().join("s.db");
+    let o = softmax_run(&mut ks_loud(&store, &cfg), &["--rounds", "1"]);
+    check_exit(&o);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    let retry: Vec<&str> = err.lines().filter(|l| l.contains("retrying")).collect();
+    assert!(!retry.is_empty() && retry[0].contains("503"), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.contains("WARN") && l.contains("offline planner's next actions")),
+        "{err}"
+    );
+    // -q: only errors.
+    let o = softmax_run(ks_loud(&store, &cfg).arg("-q"), &["--rounds", "1"]);
+    check_exit(&o);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("retrying"), "{}", out(&o));
+    // RUST_LOG decides when set.
+    let o = softmax_run(ks_loud(&store, &cfg).arg("-q").env("RUST_LOG", "debug"), &["--rounds", "1"]);
+    check_exit(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("LLM request"), "{}", out(&o));
+}
+
+/// A coder endpoint that is rate-limited without end: the actions are reopened (not failed,
+/// not too hard), the calls count against the LLM budget, three in a row stop the run, and
+/// resume against a working server goes on.
+#[test]
+fn coder_transport_failures_reopen_the_action() {
+    let d = tempfile::tempdir().unwrap();
+    let srv = Server::new(|r, i| match r.kind {
+        Kind::Coder | Kind::Repair { of: Base::Coder } => Reply::status(
+            429,
+            vec![("Retry-After".into(), "0".into())],
+            json!({"error": {"message": "Rate limit reached for requests", "type": "requests"}}),
+        ),
+        _ => good_handler(r, i),
+    });
+    let cfg = config(d.path(), &srv.base_url(), "");
+    let store = d.path().join("s.db");
+    let (id, o) = run(&store, &cfg, &["--rounds", "3"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ksearch resume"), "{}", out(&o));
+    let s = Store::open(&store).unwrap();
+    let row = s.run(id).unwrap();
+    assert_eq!(row.status, "stopped");
+    assert!(row.stop_reason.unwrap_or_default().contains("transport"));
+    assert_eq!(row.round, 0, "no round was used up");
+    let nodes = s.nodes(id).unwrap();
+    assert!(nodes.iter().all(|n| n.failure.is_none() && n.status.name() != "too_hard"), "{nodes:?}");
+    assert_eq!(s.count_evaluations(id).unwrap(), 1, "only the seed was evaluated");
+    let coder: Vec<_> = calls(&store, id).into_iter().filter(|c| c.role == "coder").collect();
+    assert_eq!(coder.len(), 3);
+    assert!(coder.iter().all(|c| c.attempts == 2 && c.error.as_deref().unwrap_or("").contains("429")));
+    let budget = s.artifacts(id, "llm_budget").unwrap();
+    assert!(budget.last().unwrap().2.contains("\"calls\":4"), "{budget:?}");
+    drop(s);
+    let good = Server::new(good_handler);
+    let o = ks(&store, &cfg)
+        .args(["resume", &id.to_string(), "--base-url", &good.base_url()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let s = Store::open(&store).unwrap();
+    assert!(s.run(id).unwrap().status.starts_with("done"));
+    assert!(s.run(id).unwrap().best_speedup.unwrap_or(0.0) > 1.0);
+}
+
+fn with_finish(content: &str, finish: &str) -> Reply {
+    let v = json!({
+        "id": "chatcmpl-test", "object": "chat.completion", "model": "scripted-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 4096, "total_tokens": 5096}
+    });
+    Reply::Http {
+        status: 200,
+        headers: vec![],
+        body: v.to_string(),
+    }
+}
+
+/// Provenance: a reply cut at max_tokens is `truncated` (and the repair prompt says so); a
+/// huge reply is stored cut, head and tail kept, its size recorded; a failed call keeps its
+/// attempts and latency.
+#[test]
+fn provenance_is_recorded_truly() {
+    let d = tempfile::tempdir().unwrap();
+    // A coder whose first reply is cut at the token limit.
+    let srv = Server::new(|r, i| match r.kind {
+        Kind::Coder => {
+            let src = fast_softmax(8, 1);
+            let cut: String = src.chars().take(src.len() / 2).collect();
+            with_finish(&format!("```cpp\n{cut}"), "length")
+        }
+        Kind::Repair { of: Base::Coder } => Reply::completion(&code(&fast_softmax(8, 1))),
+        _ => good_handler(r, i),
+    });
+    let store = d.path().join("a.db");
+    let (id, _) = run(&store, &config(d.path(), &srv.base_url(), "max_tokens = 4096"), &["--rounds", "1"]);
+    let c = calls(&store, id);
+    let cut = c.iter().find(|c| c.role == "coder" && c.error.is_some()).expect("the cut reply");
+    let e = cut.error.clone().unwrap();
+    assert!(e.starts_with("truncated") && e.contains("max_tokens 4096"), "{e}");
+    let repair = srv
+        .requests()
+        .into_iter()
+        .find(|r| r.kind == Kind::Repair { of: Base::Coder })
+        .expect("a repair prompt");
+    assert!(repair.user.contains("token limit"), "{}", repair.user);
+    // A planner that answers with megabytes.
+    let srv = Server::new(|r, i| match r.kind {
+        Kind::Update => {
+            let mut v: Value = serde_json::from_str(&update_reply(r)).unwrap();
+            v["analysis"] = json!(format!("HEAD{}TAIL", "x".repeat(2 << 20)));
+            Reply::completion(&v.to_string())
+        }
+        _ => good_handler(r, i),
+    });
+    let store = d.path().join("b.db");
+    let (id, _) = run(&store, &config(d.path(), &srv.base_url(), ""), &["--rounds", "1"]);
+    let big = calls(&store, id)
+        .into_iter()
+        .find(|c| c.reply.as_deref().unwrap_or("").contains("HEAD"))
+        .expect("the big reply");
+    let reply = big.reply.unwrap();
+    assert!(reply.len() < 100_000, "{}", reply.len());
+    assert!(reply.contains("TAIL") && reply.contains("characters"), "head and tail kept, size said");
+    assert!(std::fs::metadata(&store).unwrap().len() < 4 << 20);
+    // A planner update that fails every attempt: attempts and latency are what happened.
+    let srv = Server::new(|r, i| match r.kind {
+        Kind::Update => Reply::status(502, vec![], json!({"error": {"message": "bad gateway"}})),
+        _ => good_handler(r, i),
+    });
+    let store = d.path().join("c.db");
+    let (id, _) = run(&store, &config(d.path(), &srv.base_url(), ""), &["--rounds", "1"]);
+    let failed = calls(&store, id)
+        .into_iter()
+        .find(|c| c.error.as_deref().unwrap_or("").contains("502"))
+        .expect("the failed update");
+    assert_eq!(failed.attempts, 2);
+    assert!(failed.latency_s > 0.0);
+}

@@ -438,7 +438,7 @@ impl LlmClient for OpenAiCompatible {
         let mut adaptations = 0u32;
         let mut last: Option<LlmError> = None;
         let out_of_time = |attempts: u32, last: &Option<LlmError>| {
-            tracing::warn!(model = %self.cfg.model, attempts, "LLM call stopped: the run's time budget ran out");
+            tracing::info!(model = %self.cfg.model, attempts, "LLM call stopped: the run's time budget ran out");
             LlmError::Deadline {
                 attempts,
                 last: last.as_ref().map(|e| e.to_string()),
@@ -623,8 +623,10 @@ fn sanitize_name(n: &str) -> String {
     if s.is_empty() { "reply".into() } else { s }
 }
 
+/// The first `n` characters of a server's text, on one line.
 pub(crate) fn excerpt(s: &str, n: usize) -> String {
-    let s = s.trim();
+    let one_line = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let s = one_line.as_str();
     if s.chars().count() <= n {
         return s.to_string();
     }
