@@ -740,7 +740,11 @@ fn run_figure(status: &str, search_best: Option<f64>, report: Option<&Report>) -
                 status
             };
             let figure = match rep.no_result() {
-                None => format!("best {} verified (in search {})", x(rep.speedup), x(rep.search_speedup.or(search_best))),
+                None => format!(
+                    "best {} verified (in search {})",
+                    x(rep.speedup),
+                    x(rep.search_speedup.or(search_best))
+                ),
                 Some(_) if rep.speedup.is_some() => format!(
                     "no result (re-timed {}, in search {})",
                     x(rep.speedup),
@@ -878,7 +882,10 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
         if let Some(sp) = r.speedup {
             println!(
                 "speed-up over the seed: {sp:.2}x (verified: final re-timing){}",
-                r.search_speedup.or(node.speedup).map(|s| format!("; in-search figure {s:.2}x")).unwrap_or_default()
+                r.search_speedup
+                    .or(node.speedup)
+                    .map(|s| format!("; in-search figure {s:.2}x"))
+                    .unwrap_or_default()
             );
         }
         if let Some(h) = &r.heldout {
@@ -1143,7 +1150,11 @@ fn bench(
     if let Some(l) = crate::driver::noise_line(Some(worst)) {
         println!(
             "{l}{}",
-            if retimed { " (even timed again with 3x the repetitions)" } else { "" }
+            if retimed {
+                " (even timed again with 3x the repetitions)"
+            } else {
+                ""
+            }
         );
     }
     Ok(if ok { 0 } else { 1 })

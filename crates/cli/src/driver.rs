@@ -279,7 +279,7 @@ impl Report {
             (Some(_), Some(sp)) => sp,
             _ => return Some(NO_FASTER.into()),
         };
-        if !(sp > 1.0) {
+        if !faster(sp) {
             return Some(format!("{NO_FASTER} once re-timed (best {sp:.2}x)"));
         }
         match &self.heldout {
@@ -289,13 +289,18 @@ impl Report {
                 h.message.clone().unwrap_or_default()
             )),
             Some(h) => match h.speedup {
-                Some(hs) if !(hs > 1.0) => Some(format!(
+                Some(hs) if !faster(hs) => Some(format!(
                     "{sp:.2}x on the search workloads but slower than the seed on the held-out ones ({hs:.2}x)"
                 )),
                 _ => None,
             },
         }
     }
+}
+
+/// Whether a speed-up is one (NaN is not).
+fn faster(speedup: f64) -> bool {
+    speedup > 1.0
 }
 
 /// The message of a run without a candidate faster than the seed.
@@ -1036,7 +1041,7 @@ impl Search {
         finals.sort_by(|a, b| by_verified(&Some(a.speedup), &Some(b.speedup)));
         for (i, f) in finals.iter().enumerate() {
             // The first (fastest re-timed) is reported even when it is no result.
-            if i > 0 && !(f.speedup > 1.0) {
+            if i > 0 && !faster(f.speedup) {
                 break;
             }
             report.best_node = Some(f.node.id);
@@ -1047,7 +1052,7 @@ impl Search {
             report.search_speedup = f.node.speedup;
             report.spread = Some(f.spread);
             report.heldout = None;
-            if !(f.speedup > 1.0) {
+            if !faster(f.speedup) {
                 break;
             }
             let held = if b.heldout.is_empty() {

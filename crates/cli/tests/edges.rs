@@ -6,7 +6,11 @@ use assert_cmd::Command;
 use std::path::{Path, PathBuf};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .to_path_buf()
 }
 
 fn ks() -> Command {
@@ -38,8 +42,14 @@ fn listing(dir: &Path) -> Vec<(String, usize, u64)> {
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
-            let data = if e.path().is_file() { std::fs::read(e.path()).unwrap() } else { vec![] };
-            let sum = data.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3));
+            let data = if e.path().is_file() {
+                std::fs::read(e.path()).unwrap()
+            } else {
+                vec![]
+            };
+            let sum = data
+                .iter()
+                .fold(0xcbf29ce484222325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3));
             (e.file_name().to_string_lossy().into_owned(), data.len(), sum)
         })
         .collect();
@@ -66,15 +76,10 @@ fn read_only_commands_create_nothing_and_name_a_missing_store() {
     let s = d.path().join("s.db");
     {
         let st = ksearch_store::Store::open(&s).unwrap();
-        let run = st.create_run("softmax", "cpu", "offline", 1, "", &serde_json::json!({})).unwrap();
-        let seed = ksearch_core::tree::Node::new(
-            0,
-            None,
-            ksearch_core::tree::Action::Seed,
-            None,
-            Default::default(),
-            0,
-        );
+        let run = st
+            .create_run("softmax", "cpu", "offline", 1, "", &serde_json::json!({}))
+            .unwrap();
+        let seed = ksearch_core::tree::Node::new(0, None, ksearch_core::tree::Action::Seed, None, Default::default(), 0);
         st.insert_node(run, &seed).unwrap();
     }
     let before = listing(d.path());
@@ -144,7 +149,11 @@ fn task_expressions_are_checked_at_load_and_a_broken_task_hides_no_other() {
         let f = tasks.join("softmax/task.toml");
         let text = std::fs::read_to_string(&f).unwrap();
         assert!(text.contains("flops = \"5 * rows * cols\""), "the softmax task changed");
-        std::fs::write(&f, text.replace("flops = \"5 * rows * cols\"", &format!("flops = \"{flops}\""))).unwrap();
+        std::fs::write(
+            &f,
+            text.replace("flops = \"5 * rows * cols\"", &format!("flops = \"{flops}\"")),
+        )
+        .unwrap();
 
         let o = ks().arg("--tasks-dir").arg(&tasks).arg("tasks").output().unwrap();
         one_line_error(&o, &["softmax/task.toml:5:", needle]);
@@ -171,7 +180,16 @@ fn a_compile_time_out_too_short_to_mean_anything_is_refused_in_one_line() {
     let o = ks()
         .arg("--store")
         .arg(d.path().join("s.db"))
-        .args(["run", "softmax", "--backend", "cpu", "--rounds", "1", "--compile-timeout", "1ms"])
+        .args([
+            "run",
+            "softmax",
+            "--backend",
+            "cpu",
+            "--rounds",
+            "1",
+            "--compile-timeout",
+            "1ms",
+        ])
         .output()
         .unwrap();
     one_line_error(&o, &["compile time-out 1ms is too short", "at least 1s"]);
@@ -182,7 +200,11 @@ fn a_compile_time_out_too_short_to_mean_anything_is_refused_in_one_line() {
 fn a_define_the_kernel_file_makes_itself_is_an_error_not_ignored() {
     let d = tempfile::tempdir().unwrap();
     let k = d.path().join("k.cpp");
-    std::fs::write(&k, "#include <cstdint>\n#define VEC 8\nextern \"C\" void softmax_naive() {}\n").unwrap();
+    std::fs::write(
+        &k,
+        "#include <cstdint>\n#define VEC 8\nextern \"C\" void softmax_naive() {}\n",
+    )
+    .unwrap();
     let o = ks()
         .arg("--store")
         .arg(d.path().join("s.db"))

@@ -15,11 +15,7 @@ fn ks(store: &Path) -> Command {
 }
 
 fn out(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// A finished run whose best node measured `search` during the search and `verified` in the
@@ -88,7 +84,10 @@ fn a_best_slower_than_the_seed_once_re_timed_is_no_result_everywhere() {
             .to_string()
     };
     let l1 = line("1");
-    assert!(l1.contains("done_no_result") && l1.contains("no result (re-timed 0.86x, in search 2.31x)"), "{l1}");
+    assert!(
+        l1.contains("done_no_result") && l1.contains("no result (re-timed 0.86x, in search 2.31x)"),
+        "{l1}"
+    );
     let l2 = line("2");
     assert!(l2.contains("best 6.24x verified (in search 9.26x)"), "{l2}");
     assert!(!l2.contains("no_result"), "{l2}");
@@ -146,7 +145,10 @@ fn the_summary_of_a_finished_run_tells_the_same_story() {
     let o = ks(&s).args(["resume", "3"]).output().unwrap();
     assert!(o.status.success(), "{}", out(&o));
     let text = out(&o);
-    assert!(text.contains("6.24x (verified") && text.contains("in-search figure 9.26x"), "{text}");
+    assert!(
+        text.contains("6.24x (verified") && text.contains("in-search figure 9.26x"),
+        "{text}"
+    );
     assert!(text.contains("held-out validation: passed on 1 workloads (5.00x)"), "{text}");
     assert!(!text.contains("no result"), "{text}");
 }
@@ -156,7 +158,11 @@ fn the_summary_of_a_finished_run_tells_the_same_story() {
 #[test]
 fn bench_says_when_its_timings_are_noisy() {
     let d = tempfile::tempdir().unwrap();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2).unwrap().to_path_buf();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .to_path_buf();
     let k = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/noisy/softmax_noisy.cpp");
     let o = ks(&d.path().join("s.db"))
         .current_dir(&repo)

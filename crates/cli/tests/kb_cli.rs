@@ -56,13 +56,19 @@ fn map_shfl_xor_to_metal() {
     // A float reduction never answers the integer-only intrinsic; its domain is stated.
     assert!(stdout.starts_with("simd_sum -> warp_reduce_sum\n"), "{stdout}");
     assert!(stdout.contains("  types: float, half, int, uint"), "{stdout}");
-    assert!(stdout.contains("  __reduce_add_sync: 32-bit integers (int, unsigned) only"), "{stdout}");
+    assert!(
+        stdout.contains("  __reduce_add_sync: 32-bit integers (int, unsigned) only"),
+        "{stdout}"
+    );
     // Every answer states its type domain.
     for q in ["__syncthreads", "atomicMax", "__expf", "simd_max"] {
         let to = if q.starts_with("simd") { "cuda" } else { "metal" };
         let (code, stdout, _) = out(ksearch().args(["kb", "map", q, "--to", to]));
         assert_eq!(code, 0, "{q}");
-        assert!(stdout.lines().nth(1).is_some_and(|l| l.starts_with("  types: ")), "{q}: {stdout}");
+        assert!(
+            stdout.lines().nth(1).is_some_and(|l| l.starts_with("  types: ")),
+            "{q}: {stdout}"
+        );
     }
 }
 

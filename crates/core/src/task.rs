@@ -723,10 +723,7 @@ impl Task {
                 for (i, w) in list.iter().enumerate() {
                     for (what, e, needle) in &cost {
                         if let Err(err) = crate::expr::eval_f64(e, w) {
-                            return Err(inv(
-                                needle,
-                                format!("{what}: {err} on backends.{bname}.{kind}[{i}]"),
-                            ));
+                            return Err(inv(needle, format!("{what}: {err} on backends.{bname}.{kind}[{i}]")));
                         }
                     }
                 }

@@ -112,7 +112,10 @@ pub(crate) fn load(path: &Path) -> Result<Vec<Primitive>, KbError> {
             return Err(inv(format!("primitive `{}` states no type domain (`types`)", p.id)));
         }
         if let Some(s) = p.cuda_types.keys().find(|s| !p.cuda.contains(s)) {
-            return Err(inv(format!("primitive `{}`: cuda_types names `{s}`, which is not one of its CUDA spellings", p.id)));
+            return Err(inv(format!(
+                "primitive `{}`: cuda_types names `{s}`, which is not one of its CUDA spellings",
+                p.id
+            )));
         }
         // What `kb map … --to cuda` answers is the first spelling: a float mapping must not
         // answer with a spelling that takes no floats.
