@@ -462,9 +462,7 @@ impl LlmPlanner {
                 }
             };
             let mut result = parse(&resp.content);
-            if resp.truncated()
-                && result.is_err()
-            {
+            if resp.truncated() && result.is_err() {
                 // Cut off at the token limit: that, not the structure, is what went wrong.
                 result = Err(ParseError::Truncated {
                     max_tokens: self.max_tokens(role),
@@ -984,7 +982,10 @@ impl Planner for LlmPlanner {
             .map(|s| s.artifacts(ctx.run_id, INIT_ARTIFACT).map(|a| !a.is_empty()).unwrap_or(false))
             .unwrap_or(false);
         if has_now {
-            self.log(&format!("the LLM planner's initialisation is done now ({} actions added to {n} nodes)", props.len()));
+            self.log(&format!(
+                "the LLM planner's initialisation is done now ({} actions added to {n} nodes)",
+                props.len()
+            ));
             Ok(props)
         } else {
             Ok(Vec::new())

@@ -427,7 +427,11 @@ fn budget_stops_cleanly_and_resume_continues_also_across_planners() {
     );
     assert!(nodes.iter().any(|n| n.parent.is_some() && n.speedup.is_some()));
     assert!(!s.artifacts(id3, "planner_init").unwrap().is_empty());
-    assert!(nodes.iter().any(|n| matches!(n.action, ksearch_core::tree::Action::Edit { .. })));
+    assert!(
+        nodes
+            .iter()
+            .any(|n| matches!(n.action, ksearch_core::tree::Action::Edit { .. }))
+    );
     assert!(calls(&store, id3).iter().any(|c| c.role == "planner" && c.error.is_none()));
 }
 
@@ -567,7 +571,14 @@ fn softmax_run(c: &mut Command, extra: &[&str]) -> std::process::Output {
 }
 
 fn last_run(store: &Path) -> i64 {
-    Store::open(store).unwrap().runs().unwrap().iter().map(|r| r.id).max().unwrap()
+    Store::open(store)
+        .unwrap()
+        .runs()
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .max()
+        .unwrap()
 }
 
 /// Like api.openai.com: 401 unless the request carries `Bearer <key>`.
@@ -593,7 +604,11 @@ fn openai_api_key_is_used_by_default_and_api_key_env_chooses_another() {
     let store = d.path().join("a.db");
     let o = softmax_run(ks_loud(&store, &cfg).env("OPENAI_API_KEY", KEY), &["--rounds", "1"]);
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
-    assert!(srv.requests().iter().all(|r| r.header("authorization") == Some(&format!("Bearer {KEY}"))));
+    assert!(
+        srv.requests()
+            .iter()
+            .all(|r| r.header("authorization") == Some(&format!("Bearer {KEY}")))
+    );
     assert!(!out(&o).contains(KEY));
     assert!(calls(&store, last_run(&store)).iter().all(|c| c.error.is_none()));
     assert_no_key(&store);
@@ -644,7 +659,10 @@ fn a_refused_key_stops_the_run_with_exit_2_and_names_the_variable() {
     let o = softmax_run(&mut ks_loud(&store2, &cfg), &["--rounds", "2"]);
     let text = out(&o);
     assert_eq!(o.status.code(), Some(2), "{text}");
-    assert!(text.contains("no API key was sent") && text.contains("OPENAI_API_KEY"), "{text}");
+    assert!(
+        text.contains("no API key was sent") && text.contains("OPENAI_API_KEY"),
+        "{text}"
+    );
     // With the right key, resume continues the stopped run.
     let o = ks_loud(&store, &cfg)
         .env("OPENAI_API_KEY", KEY)
@@ -869,11 +887,18 @@ fn coder_transport_failures_reopen_the_action() {
     assert!(row.stop_reason.unwrap_or_default().contains("transport"));
     assert_eq!(row.round, 0, "no round was used up");
     let nodes = s.nodes(id).unwrap();
-    assert!(nodes.iter().all(|n| n.failure.is_none() && n.status.name() != "too_hard"), "{nodes:?}");
+    assert!(
+        nodes.iter().all(|n| n.failure.is_none() && n.status.name() != "too_hard"),
+        "{nodes:?}"
+    );
     assert_eq!(s.count_evaluations(id).unwrap(), 1, "only the seed was evaluated");
     let coder: Vec<_> = calls(&store, id).into_iter().filter(|c| c.role == "coder").collect();
     assert_eq!(coder.len(), 3);
-    assert!(coder.iter().all(|c| c.attempts == 2 && c.error.as_deref().unwrap_or("").contains("429")));
+    assert!(
+        coder
+            .iter()
+            .all(|c| c.attempts == 2 && c.error.as_deref().unwrap_or("").contains("429"))
+    );
     let budget = s.artifacts(id, "llm_budget").unwrap();
     assert!(budget.last().unwrap().2.contains("\"calls\":4"), "{budget:?}");
     drop(s);
@@ -918,9 +943,16 @@ fn provenance_is_recorded_truly() {
         _ => good_handler(r, i),
     });
     let store = d.path().join("a.db");
-    let (id, _) = run(&store, &config(d.path(), &srv.base_url(), "max_tokens = 4096"), &["--rounds", "1"]);
+    let (id, _) = run(
+        &store,
+        &config(d.path(), &srv.base_url(), "max_tokens = 4096"),
+        &["--rounds", "1"],
+    );
     let c = calls(&store, id);
-    let cut = c.iter().find(|c| c.role == "coder" && c.error.is_some()).expect("the cut reply");
+    let cut = c
+        .iter()
+        .find(|c| c.role == "coder" && c.error.is_some())
+        .expect("the cut reply");
     let e = cut.error.clone().unwrap();
     assert!(e.starts_with("truncated") && e.contains("max_tokens 4096"), "{e}");
     let repair = srv
@@ -946,7 +978,10 @@ fn provenance_is_recorded_truly() {
         .expect("the big reply");
     let reply = big.reply.unwrap();
     assert!(reply.len() < 100_000, "{}", reply.len());
-    assert!(reply.contains("TAIL") && reply.contains("characters"), "head and tail kept, size said");
+    assert!(
+        reply.contains("TAIL") && reply.contains("characters"),
+        "head and tail kept, size said"
+    );
     assert!(std::fs::metadata(&store).unwrap().len() < 4 << 20);
     // A planner update that fails every attempt: attempts and latency are what happened.
     let srv = Server::new(|r, i| match r.kind {

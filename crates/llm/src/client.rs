@@ -270,9 +270,7 @@ impl OpenAiCompatible {
         if let Some(k) = key {
             rb = rb.header("Authorization", format!("Bearer {k}"));
         }
-        let mut resp = rb
-            .send(body.as_bytes())
-            .map_err(|e| self.transport(e, key, limit))?;
+        let mut resp = rb.send(body.as_bytes()).map_err(|e| self.transport(e, key, limit))?;
         let status = resp.status().as_u16();
         let retry_after = retry_after(resp.headers());
         let text = resp
@@ -472,7 +470,7 @@ impl LlmClient for OpenAiCompatible {
                     Ok(p) => {
                         let cost = self.cfg.cost(p.usage.prompt_tokens, p.usage.completion_tokens);
                         let latency_s = start.elapsed().as_secs_f64();
-                        tracing::debug!(model = %p.model, attempts, latency_s, cost, "LLM reply");
+                        tracing::info!(model = %p.model, attempts, latency_s, cost, "LLM reply");
                         return Ok(ChatResponse {
                             content: redact(&p.content, key),
                             usage: p.usage,
@@ -550,13 +548,15 @@ impl LlmClient for OpenAiCompatible {
 
     fn learnt(&self) -> Option<Value> {
         let a = *self.adapt.lock().unwrap_or_else(|p| p.into_inner());
-        (a != Adaptations::default())
-            .then(|| serde_json::to_value(a).ok())
-            .flatten()
+        (a != Adaptations::default()).then(|| serde_json::to_value(a).ok()).flatten()
     }
 
     fn restore_learnt(&self, v: &Value) {
-        if let Ok(a) = serde_json::from_value::<Adaptations>(v.clone()) {
+        if let Ok(mut a) = serde_json::from_value::<Adaptations>(v.clone()) {
+            if self.cfg.structured_output != StructuredMode::Auto {
+                // A mode set in the configuration is kept as set.
+                a.structured = None;
+            }
             tracing::info!(model = %self.cfg.model, base_url = %self.cfg.base_url, learnt = %v, "using what an earlier run learnt about this server");
             *self.adapt.lock().unwrap_or_else(|p| p.into_inner()) = a;
         }

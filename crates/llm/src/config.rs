@@ -154,11 +154,7 @@ impl ModelConfig {
 
     /// Whether the base URL points at this machine (a local server needs no key).
     pub fn is_local(&self) -> bool {
-        let rest = self
-            .base_url
-            .split_once("://")
-            .map(|(_, r)| r)
-            .unwrap_or(&self.base_url);
+        let rest = self.base_url.split_once("://").map(|(_, r)| r).unwrap_or(&self.base_url);
         let host_port = rest.split('/').next().unwrap_or("");
         let host = if let Some(h) = host_port.strip_prefix('[') {
             h.split(']').next().unwrap_or("")

@@ -150,13 +150,20 @@ fn json_object_and_none_modes_shape_the_request() {
     let none = reqs[1].json();
     assert!(none.get("response_format").is_none());
     let user = none["messages"][1]["content"].as_str().unwrap();
-    assert!(user.starts_with("Say hi.") && user.contains("JSON schema") && user.contains("\"object\""), "{user}");
+    assert!(
+        user.starts_with("Say hi.") && user.contains("JSON schema") && user.contains("\"object\""),
+        "{user}"
+    );
     let plain = reqs[2].json();
     assert_standard(&plain);
     assert_eq!(plain["messages"][1]["content"], "Say hi.");
     // max_tokens is always sent, so that no server generates without end.
     assert_eq!(plain["max_tokens"], json!(DEFAULT_MAX_TOKENS));
-    assert_eq!(plain.as_object().unwrap().len(), 3, "only model, messages and max_tokens: {plain}");
+    assert_eq!(
+        plain.as_object().unwrap().len(),
+        3,
+        "only model, messages and max_tokens: {plain}"
+    );
 }
 
 #[test]
@@ -686,13 +693,18 @@ fn a_500_that_names_response_format_downgrades_to_json_object() {
 fn a_server_rejecting_every_structured_mode_gets_the_schema_in_the_prompt() {
     let server = Server::with_handler(|r, _| {
         if r.json().get("response_format").is_some() {
-            Reply::json(422, json!({"detail": [{"loc": ["body", "response_format"], "msg": "extra fields not permitted"}]}))
+            Reply::json(
+                422,
+                json!({"detail": [{"loc": ["body", "response_format"], "msg": "extra fields not permitted"}]}),
+            )
         } else {
             Reply::completion("{\"ok\": true}", None)
         }
     });
     let (c, _) = client(config(&server));
-    let r = c.chat(&hello().with_schema("x", json!({"type": "object", "required": ["ok"]}))).unwrap();
+    let r = c
+        .chat(&hello().with_schema("x", json!({"type": "object", "required": ["ok"]})))
+        .unwrap();
     assert_eq!(r.attempts, 3);
     let reqs = server.requests();
     let last = reqs.last().unwrap().json();
