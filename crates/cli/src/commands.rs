@@ -1105,7 +1105,9 @@ fn bench(
                 (rs, rc) = (rs2, rc2);
             }
         }
-        worst = worst.max(spread(&rs, &rc));
+        if crate::driver::failure_of(&rc).is_none() {
+            worst = worst.max(spread(&rs, &rc));
+        }
         rows.push((list_heldout, rs, rc));
     }
     println!(
@@ -1122,10 +1124,10 @@ fn bench(
                 "kernel FAILED ({}){}: {}",
                 f.class,
                 if *h { " on held-out workloads" } else { "" },
-                f.message
+                as_users_file(&f.message, kernel)
             );
             if !rc.compile.log.trim().is_empty() && f.class == ksearch_core::FailureClass::Compile {
-                println!("{}", rc.compile.log);
+                println!("{}", as_users_file(&rc.compile.log, kernel));
             }
             ok = false;
             continue;
@@ -1158,6 +1160,20 @@ fn bench(
         );
     }
     Ok(if ok { 0 } else { 1 })
+}
+
+/// A compiler's or checker's message about the benched file, naming that file instead of the
+/// name the back-end compiled it under (its lines are the file's own: defines are passed as
+/// flags, not written into the source).
+fn as_users_file(text: &str, file: &Path) -> String {
+    let shown = file.display().to_string();
+    let mut t = text.to_string();
+    for internal in ["kernel.cpp", "candidate.cu", "source.metal", "body.metal"] {
+        for sep in [":", "("] {
+            t = t.replace(&format!("{internal}{sep}"), &format!("{shown}{sep}"));
+        }
+    }
+    t
 }
 
 /// The line (1-based) where `src` defines `name` unconditionally (`#define NAME …` not guarded
@@ -1239,6 +1255,16 @@ fn log(g: &Global, run_id: i64, node: Option<i64>, full: bool) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::defines_itself;
+
+    #[test]
+    fn compiler_messages_name_the_benched_file() {
+        let f = std::path::Path::new("work/my_kernel.cu");
+        assert_eq!(
+            super::as_users_file("candidate.cu(3): error: x\nkernel.cpp:4:1: y", f),
+            "work/my_kernel.cu(3): error: x\nwork/my_kernel.cu:4:1: y"
+        );
+        assert_eq!(super::as_users_file("no file here", f), "no file here");
+    }
 
     #[test]
     fn a_define_of_the_files_own_is_found_unless_guarded() {

@@ -213,3 +213,25 @@ fn a_define_the_kernel_file_makes_itself_is_an_error_not_ignored() {
         .unwrap();
     one_line_error(&o, &[&format!("{}:2:", k.display()), "defines VEC itself", "#ifndef VEC"]);
 }
+
+#[test]
+fn a_compile_error_in_a_benched_file_names_that_file_and_line() {
+    let d = tempfile::tempdir().unwrap();
+    let k = d.path().join("mine.cpp");
+    std::fs::write(
+        &k,
+        "#include <cstdint>\nextern \"C\" void softmax(void** bufs, const int64_t* dims) {\n  undefined_thing = 1;\n}\n",
+    )
+    .unwrap();
+    let o = ks()
+        .arg("--store")
+        .arg(d.path().join("s.db"))
+        .args(["bench", "softmax", k.to_str().unwrap(), "--backend", "cpu"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", out(&o), err(&o));
+    let text = out(&o);
+    assert!(text.contains(&format!("{}:3:", k.display())), "{text}");
+    assert!(!text.contains("kernel.cpp"), "{text}");
+    assert!(!text.contains("timings noisy"), "no figures, no noise line: {text}");
+}
