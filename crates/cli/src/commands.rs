@@ -825,11 +825,30 @@ fn tree(g: &Global, run_id: i64, all: bool) -> Result<i32> {
     let store = open_store_ro(g, &fc)?;
     let row = store.run(run_id)?;
     let t = Tree::from_nodes(store.nodes(run_id)?);
+    let report: Option<Report> = row.report.clone().and_then(|v| serde_json::from_value(v).ok());
+    let (status, figure) = run_figure(&row.status, row.best_speedup, report.as_ref());
     println!(
-        "run {} · {} on {} · {} · round {}",
-        row.id, row.task, row.backend, row.status, row.round
+        "run {} · {} on {} · {} · round {} · {}",
+        row.id, row.task, row.backend, status, row.round, figure
     );
-    print!("{}", render_tree(&t, all));
+    let mut text = render_tree(&t, all);
+    if let Some(rep) = &report {
+        // The node figures are the search's; those re-timed at the end carry their verified one.
+        for r in &rep.retimed {
+            let Some(n) = t.get(r.node) else { continue };
+            let (Some(sp), NodeStatus::Solved) = (n.speedup, n.status) else {
+                continue;
+            };
+            let verified = r.verified.map(|v| format!("{v:.2}x")).unwrap_or_else(|| "failed".into());
+            text = text.replacen(
+                &format!("#{} {}  {sp:.2}x  ", n.id, n.action.summary()),
+                &format!("#{} {}  {sp:.2}x (re-timed {verified})  ", n.id, n.action.summary()),
+                1,
+            );
+        }
+    }
+    println!("speed-ups: as measured in the search; (re-timed …): the final back-to-back re-timing");
+    print!("{text}");
     Ok(0)
 }
 

@@ -94,6 +94,18 @@ fn a_best_slower_than_the_seed_once_re_timed_is_no_result_everywhere() {
     assert!(line("3").contains("no result"), "{text}");
     assert!(line("4").contains("no result (re-timed 2.50x"), "{text}");
 
+    // `tree` labels its node figures and carries the verified one where a node was re-timed.
+    let o = ks(&s).args(["tree", "1"]).output().unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    let t = out(&o);
+    let head = t.lines().next().unwrap_or("");
+    assert!(
+        head.contains("done_no_result") && head.contains("no result (re-timed 0.86x, in search 2.31x)"),
+        "{t}"
+    );
+    assert!(t.contains("speed-ups: as measured in the search"), "{t}");
+    assert!(t.contains("2.31x (re-timed 0.86x)"), "{t}");
+
     // `best` answers alike: exit 1 and the same message for every run without a result.
     for (run, why) in [
         ("1", "no result: no candidate faster than the seed once re-timed (best 0.86x)"),
