@@ -753,7 +753,9 @@ fn a_server_that_rejects_every_structured_mode_gets_plain_text() {
     });
     let cfg = config(d.path(), &srv.base_url(), "");
     let store = d.path().join("s.db");
+    let t0 = std::time::Instant::now();
     let (id, o) = run(&store, &cfg, &["--rounds", "1", "--time-budget", "120s"]);
+    assert!(t0.elapsed() < Duration::from_secs(130));
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     assert!(calls(&store, id).iter().all(|c| c.error.is_none()), "{}", errors(&store, id));
     let plain: Vec<Req> = srv
@@ -763,6 +765,16 @@ fn a_server_that_rejects_every_structured_mode_gets_plain_text() {
         .collect();
     assert_eq!(plain.len(), 1);
     assert!(plain[0].user.contains("JSON schema") && plain[0].user.contains("\"actions\""));
+    // resume (one more round) continues it, in plain text from the first request on.
+    let n = srv.requests().len();
+    let o = ks(&store, &cfg)
+        .args(["resume", &id.to_string(), "--rounds", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert_eq!(Store::open(&store).unwrap().run(id).unwrap().round, 2);
+    let later = &srv.requests()[n..];
+    assert!(!later.is_empty() && later.iter().all(|r| r.body.get("response_format").is_none()));
 }
 
 /// A server that accepts the connection and never answers: the run ends within its time
@@ -810,7 +822,9 @@ fn a_garbage_server_falls_back_to_the_offline_planner_and_the_run_goes_on() {
     });
     let cfg = config(d.path(), &srv.base_url(), "");
     let store = d.path().join("s.db");
+    let t0 = std::time::Instant::now();
     let (id, o) = run(&store, &cfg, &["--rounds", "3", "--time-budget", "200s"]);
+    assert!(t0.elapsed() < Duration::from_secs(210));
     let s = Store::open(&store).unwrap();
     let row = s.run(id).unwrap();
     assert!(row.status.starts_with("done"), "{}", out(&o));
