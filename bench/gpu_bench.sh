@@ -44,7 +44,9 @@ done
 "$BIN" --store "$STORE" runs 2>&1 | tee -a "$OUTDIR/runs.log" || true
 reports=()
 for id in $(seq 1 "$n"); do
-    if "$BIN" --store "$STORE" best "$id" --json > "$OUTDIR/report$id.json" 2>/dev/null; then reports+=("$OUTDIR/report$id.json"); fi
+    # Exit 1 is a finished run without a result: its report (with `no_result`) is kept too.
+    "$BIN" --store "$STORE" best "$id" --json > "$OUTDIR/report$id.json" 2>/dev/null || true
+    if [ -s "$OUTDIR/report$id.json" ]; then reports+=("$OUTDIR/report$id.json"); fi
     "$BIN" --store "$STORE" tree "$id" >> "$OUTDIR/trees.txt" 2>&1 || true
 done
 [[ -n "${KEEP_STORE:-}" ]] && cp "$STORE" "$OUTDIR/store.db" 2>/dev/null || true

@@ -867,12 +867,16 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
     let store = open_store_ro(g, &fc)?;
     let row = store.run(run_id)?;
     if json {
-        let v = row
+        let mut v = row
             .report
             .clone()
             .context("the run has no final report yet (resume it to finish)")?;
+        // The verdict travels with the figures: `no_result` says why the run has none (null:
+        // it has one), and the exit code is 1 then, as without --json.
+        let why = serde_json::from_value::<Report>(v.clone()).ok().and_then(|r| r.no_result());
+        v["no_result"] = serde_json::json!(why);
         println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(0);
+        return Ok(if why.is_none() { 0 } else { 1 });
     }
     let t = Tree::from_nodes(store.nodes(run_id)?);
     let report: Option<Report> = row.report.clone().and_then(|v| serde_json::from_value(v).ok());

@@ -117,6 +117,15 @@ fn a_best_slower_than_the_seed_once_re_timed_is_no_result_everywhere() {
         assert!(out(&o).contains(why), "best {run}: {}", out(&o));
         assert_eq!(out(&o).trim().lines().count(), 1, "{}", out(&o));
     }
+    // --json carries the same verdict and exit code.
+    let o = ks(&s).args(["best", "1", "--json"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["no_result"], "no candidate faster than the seed once re-timed (best 0.86x)");
+    let o = ks(&s).args(["best", "2", "--json"]).output().unwrap();
+    assert!(o.status.success(), "{}", out(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["no_result"].is_null() && v["speedup"] == 6.24, "{v}");
     let o = ks(&s).args(["best", "2"]).output().unwrap();
     assert!(o.status.success(), "{}", out(&o));
     assert!(
