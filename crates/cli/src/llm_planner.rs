@@ -457,7 +457,10 @@ impl LlmPlanner {
                         let failed = Some((e.attempts(), t0.elapsed().as_secs_f64()));
                         self.record(ctx, role, node, &req, None, failed, None, Some(msg.clone()));
                     }
-                    self.log(&format!("round {}: LLM {} call failed: {msg}", ctx.round, role.name()));
+                    if self.fatal.is_none() {
+                        // (A fatal failure is reported once, where the run stops.)
+                        self.log(&format!("round {}: LLM {} call failed: {msg}", ctx.round, role.name()));
+                    }
                     return Err(msg);
                 }
             };

@@ -502,7 +502,6 @@ impl LlmClient for OpenAiCompatible {
                             var: var.clone(),
                             body_excerpt: excerpt(&answer, EXCERPT),
                         };
-                        tracing::error!(model = %self.cfg.model, "{e}");
                         return Err(wrap(attempts, e));
                     }
                     let e = LlmError::Http {
