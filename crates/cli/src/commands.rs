@@ -1114,9 +1114,7 @@ fn bench(
             // Noisy: time both again, back to back, with three times the repetitions, and keep
             // the calmer pair.
             let saved = s.cfg.timing.clone();
-            s.cfg.timing.min_reps = (saved.min_reps * 3).max(10);
-            s.cfg.timing.max_reps = (saved.max_reps * 3).max(s.cfg.timing.min_reps);
-            s.cfg.timing.target_ms = saved.target_ms * 3.0;
+            s.cfg.timing = crate::driver::more_reps(&saved);
             let (rs2, _) = s.evaluate_pub(&seed_cand, list_heldout);
             let (rc2, _) = s.evaluate_pub(&cand, list_heldout);
             s.cfg.timing = saved;

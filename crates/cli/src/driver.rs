@@ -263,6 +263,17 @@ pub fn noise_line(spread: Option<f64>) -> Option<String> {
         .map(|s| format!("timings noisy: spread {:.0}%, machine busy?", s * 100.0))
 }
 
+/// The timing settings for a second look at noisy timings: three times the repetitions.
+pub fn more_reps(t: &TimingReq) -> TimingReq {
+    let min_reps = (t.min_reps * 3).max(10);
+    TimingReq {
+        min_reps,
+        max_reps: (t.max_reps * 3).max(min_reps),
+        target_ms: t.target_ms * 3.0,
+        ..t.clone()
+    }
+}
+
 /// The worst spread over a reply's timed workloads.
 pub fn max_spread(r: &EvalReply) -> f64 {
     r.workloads
@@ -982,10 +993,16 @@ impl Search {
             let kname = self.kernel_of(cand_node);
             let key = cand_node.candidate.clone();
             let mut got: Option<(Vec<f64>, Vec<f64>, f64)> = None;
-            // Noisy timings are taken once more; the calmer pair counts.
-            for _ in 0..2 {
+            // Noisy timings are taken once more, with three times the repetitions; the calmer
+            // pair counts.
+            for attempt in 0..2 {
+                let saved = self.cfg.timing.clone();
+                if attempt > 0 {
+                    self.cfg.timing = more_reps(&saved);
+                }
                 let (rs, ws) = self.evaluate(&seed_cand, false);
                 let (rc, wc) = self.evaluate_search(&cand, &kname);
+                self.cfg.timing = saved;
                 self.store.atomic(|s| {
                     s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "final", &rs, ws)?;
                     s.insert_evaluation(rid, Some(cand_node.id), key.as_deref(), round, "final", &rc, wc)?;
@@ -1253,6 +1270,20 @@ mod tests {
             noise_line(Some(0.48)).as_deref(),
             Some("timings noisy: spread 48%, machine busy?")
         );
+    }
+
+    #[test]
+    fn a_second_look_takes_three_times_the_repetitions() {
+        let t = TimingReq {
+            warmup: 2,
+            min_reps: 5,
+            max_reps: 30,
+            target_ms: 200.0,
+            flush: true,
+        };
+        let m = more_reps(&t);
+        assert_eq!((m.min_reps, m.max_reps, m.target_ms), (15, 90, 600.0));
+        assert_eq!((m.warmup, m.flush), (2, true));
     }
 
     #[test]
