@@ -227,6 +227,9 @@ pub struct LlmPlanner {
     last_transport: bool,
     /// Transport failures of the coder in a row.
     transport_streak: u32,
+    /// Transport failures of the planner in a row (at MAX_TRANSPORT_STREAK the offline planner
+    /// revises the tree for the rest of this invocation).
+    planner_streak: u32,
     /// What each role's server was found to accept, as last saved (None: not loaded yet).
     learnt: Option<[Option<Value>; 2]>,
 }
@@ -279,6 +282,7 @@ impl LlmPlanner {
             fatal: None,
             last_transport: false,
             transport_streak: 0,
+            planner_streak: 0,
             learnt: None,
         }
     }
@@ -337,6 +341,19 @@ impl LlmPlanner {
             Err(_) => {}
         }
         self.last_transport = matches!(&r, Err(e) if e.is_transport());
+        if role == Role::Planner {
+            if self.last_transport {
+                self.planner_streak += 1;
+                if self.planner_streak == MAX_TRANSPORT_STREAK {
+                    tracing::warn!(
+                        "the LLM planner failed {} calls in a row; the offline planner revises the tree for the rest of this invocation (resume asks the LLM again)",
+                        self.planner_streak
+                    );
+                }
+            } else if r.is_ok() {
+                self.planner_streak = 0;
+            }
+        }
         if let Err(e) = &r
             && let LlmError::Auth { .. } = e.root()
         {
@@ -1070,6 +1087,9 @@ impl Planner for LlmPlanner {
         }
         let mut edits = Vec::new();
         let llm = match self.prompts.planner_update_request(&pc) {
+            Ok(_) if self.planner_streak >= MAX_TRANSPORT_STREAK => {
+                Err(format!("the LLM planner failed {} calls in a row", self.planner_streak))
+            }
             Ok(req) if self.stop.is_none() => {
                 let tree = ctx.tree;
                 let pend = &pending;

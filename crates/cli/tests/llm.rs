@@ -830,6 +830,9 @@ fn a_garbage_server_falls_back_to_the_offline_planner_and_the_run_goes_on() {
     assert!(row.status.starts_with("done"), "{}", out(&o));
     assert_eq!(row.round, 3, "the run went on past round 1: {}", out(&o));
     assert!(errors(&store, id).contains("not valid JSON"));
+    // After three failed planner calls in a row (the initialisation and two revisions, two
+    // attempts each) the planner is not asked again in this invocation.
+    assert_eq!(srv.count(Kind::Init) + srv.count(Kind::Update), 6, "{}", out(&o));
     drop(s);
     // A good server later: resume (more rounds) redoes the missing planner initialisation.
     let good = Server::new(good_handler);
