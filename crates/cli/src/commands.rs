@@ -557,6 +557,11 @@ fn print_report(r: &Report) {
                 (true, Some(hs)) if hs > 1.0 => {
                     println!("held-out validation: passed on {} workloads ({hs:.2}x)", h.workloads.len())
                 }
+                (true, Some(hs)) if h.noisy() => println!(
+                    "held-out validation: passed on {} workloads; their timings are too noisy to compare with the seed ({hs:.2}x, spread {:.0}%)",
+                    h.workloads.len(),
+                    h.spread.unwrap_or(0.0) * 100.0
+                ),
                 (true, Some(hs)) => println!(
                     "held-out validation: correct on {} workloads but slower than the seed ({hs:.2}x)",
                     h.workloads.len()

@@ -299,8 +299,10 @@ impl Report {
                 "held-out validation failed: {}",
                 h.message.clone().unwrap_or_default()
             )),
+            // Slower on the held-out workloads is no result when that is measured, not when
+            // the held-out timings are noise (a busy machine): then the figure is reported as noisy.
             Some(h) => match h.speedup {
-                Some(hs) if !faster(hs) => Some(format!(
+                Some(hs) if !faster(hs) && !h.noisy() => Some(format!(
                     "{sp:.2}x on the search workloads but slower than the seed on the held-out ones ({hs:.2}x)"
                 )),
                 _ => None,
@@ -334,6 +336,16 @@ pub struct HeldOut {
     pub workloads: Vec<String>,
     pub speedup: Option<f64>,
     pub message: Option<String>,
+    /// Worst spread of the held-out timings (seed or candidate).
+    #[serde(default)]
+    pub spread: Option<f64>,
+}
+
+impl HeldOut {
+    /// Whether its timings are too noisy to decide that a correct kernel is slower there.
+    pub fn noisy(&self) -> bool {
+        self.spread.is_some_and(|s| s > NOISY_SPREAD)
+    }
 }
 
 /// Geometric mean of seed time / candidate time over workloads: the speed-up.
@@ -1078,6 +1090,7 @@ impl Search {
                     workloads: vec![],
                     speedup: None,
                     message: Some("the task declares no held-out workloads".into()),
+                    spread: None,
                 }
             } else {
                 let key = f.node.candidate.clone();
@@ -1098,12 +1111,14 @@ impl Search {
                             _ => None,
                         },
                         message: None,
+                        spread: Some(max_spread(&hs).max(max_spread(&hc))),
                     },
                     Some(fl) => HeldOut {
                         passed: false,
                         workloads: labels,
                         speedup: None,
                         message: Some(format!("{}: {}", fl.class, fl.message)),
+                        spread: None,
                     },
                 }
             };
@@ -1248,6 +1263,28 @@ mod tests {
             options: Default::default(),
             source: String::new(),
         }
+    }
+
+    fn report(speedup: f64, held: f64, spread: f64) -> Report {
+        serde_json::from_value(serde_json::json!({
+            "run": 1, "task": "t", "backend": "cpu", "device": "d", "rounds": 1, "evaluations": 3,
+            "stop_reason": "r", "best_node": 2, "best_action": null, "seed_us": [2.0], "best_us": [1.0],
+            "workloads": ["w"], "speedup": speedup,
+            "heldout": {"passed": true, "workloads": ["h"], "speedup": held, "message": null, "spread": spread}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn slower_on_held_out_is_no_result_unless_those_timings_are_noise() {
+        assert!(report(3.0, 1.5, 0.1).no_result().is_none());
+        let why = report(3.0, 0.8, 0.1).no_result().expect("measured slower: no result");
+        assert!(why.contains("slower than the seed on the held-out"), "{why}");
+        assert!(
+            report(3.0, 0.8, 2.4).no_result().is_none(),
+            "noisy held-out timings decide nothing"
+        );
+        assert!(report(0.9, 1.5, 0.1).no_result().is_some(), "slower once re-timed");
     }
 
     #[test]
