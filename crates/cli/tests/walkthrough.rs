@@ -107,7 +107,9 @@ fn nvrtc_env() -> Option<(String, String)> {
     {
         return Some((std::env::var("LD_LIBRARY_PATH").unwrap_or_default(), inc));
     }
-    let py = std::env::var("KSEARCH_PYTHON").or_else(|_| std::env::var("PYTHON")).unwrap_or_else(|_| "python3".into());
+    let py = std::env::var("KSEARCH_PYTHON")
+        .or_else(|_| std::env::var("PYTHON"))
+        .unwrap_or_else(|_| "python3".into());
     let o = std::process::Command::new(py)
         .args([
             "-c",
