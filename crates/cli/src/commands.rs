@@ -668,39 +668,27 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
     // Rounds since the best, from the tree.
     let best_round = s.tree.best().and_then(|b| b.round_evaluated).unwrap_or(0);
     s.rounds_since_best = s.round.saturating_sub(best_round);
-    if s.tree.nodes.len() == 1 {
-        let props = s.planner.init(&crate::planner::Ctx {
-            task: &s.task,
-            backend: &s.cfg.backend,
-            kb: s.kb.as_ref(),
-            tree: &s.tree,
-            round: s.round,
-            run_id,
-            store: Some(&s.store),
-            profile: s.profile.as_deref(),
-        })?;
-        for p in props {
-            let mut n = ksearch_core::tree::Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, s.round);
-            n.id = s.store.insert_node(run_id, &n)?;
-            s.tree.nodes.insert(n.id, n);
-        }
+    let ctx = crate::planner::Ctx {
+        task: &s.task,
+        backend: &s.cfg.backend,
+        kb: s.kb.as_ref(),
+        tree: &s.tree,
+        round: s.round,
+        run_id,
+        store: Some(&s.store),
+        profile: s.profile.as_deref(),
+    };
+    // A fresh tree gets the planner's first actions; otherwise a planner initialisation that
+    // failed before is tried again.
+    let props = if s.tree.nodes.len() == 1 {
+        s.planner.init(&ctx)?
     } else {
-        // A planner initialisation that failed before is tried again.
-        let props = s.planner.resumed(&crate::planner::Ctx {
-            task: &s.task,
-            backend: &s.cfg.backend,
-            kb: s.kb.as_ref(),
-            tree: &s.tree,
-            round: s.round,
-            run_id,
-            store: Some(&s.store),
-            profile: s.profile.as_deref(),
-        })?;
-        for p in props {
-            let mut n = ksearch_core::tree::Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, s.round);
-            n.id = s.store.insert_node(run_id, &n)?;
-            s.tree.nodes.insert(n.id, n);
-        }
+        s.planner.resumed(&ctx)?
+    };
+    for p in props {
+        let mut n = ksearch_core::tree::Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, s.round);
+        n.id = s.store.insert_node(run_id, &n)?;
+        s.tree.nodes.insert(n.id, n);
     }
     if !g.quiet {
         let evals = s.store.count_evaluations(run_id)?;
