@@ -11,9 +11,12 @@ use ksearch_core::tree::{NodeStatus, Tree};
 use ksearch_store::Store;
 
 use crate::config::{self, FileConfig, locate_dir, parse_bytes, parse_duration};
-use crate::driver::{Report, RunConfig, Search, make_pool};
-use crate::planner::{Offline, Planner};
+use crate::pool::make_pool;
 use crate::{Cmd, Global, RunFlags};
+use ksearch_eval::Pool;
+use ksearch_search::llm_planner::{LlmFlags, LlmPlanner};
+use ksearch_search::planner::{Offline, Planner};
+use ksearch_search::{Event, Parts, Report, RunConfig, RunEnd, Search, StopRules};
 
 /// Commands that only print end quietly when their reader goes away (`ksearch kb rules | head
 /// -1`): the default SIGPIPE action instead of a panic in `println!`. Commands that talk to
@@ -86,8 +89,8 @@ fn file_config(g: &Global) -> Result<FileConfig> {
 }
 
 /// How the first worker contains candidate code, in words for a header.
-fn isolation_of(s: &Search) -> String {
-    match s.pool.workers.first().and_then(|w| w.isolation.clone()) {
+fn isolation_of(pool: &Pool) -> String {
+    match pool.workers.first().and_then(|w| w.isolation.clone()) {
         Some(i) if !i.is_empty() => i,
         _ => "worker process only (the back-end runs trusted host code; candidate code is device code)".into(),
     }
@@ -141,7 +144,7 @@ fn worker(backend: &str, device: usize, cache: Option<PathBuf>, mem_limit: Optio
             Ok(ksearch_eval::worker::serve(&mut b))
         }
         "cuda" => cuda_worker(device, cache),
-        b if crate::driver::is_mlx(b) => {
+        b if ksearch_search::is_mlx(b) => {
             bail!(
                 "the {b} worker is the Python package `ksearch_mlx`: run `python3 -m ksearch_mlx.worker --backend {b}` with python/ on PYTHONPATH"
             )
@@ -226,7 +229,7 @@ fn resolve_backend(requested: &str, task: &Task) -> Result<String> {
         let have: Vec<&String> = task.backends.keys().collect();
         bail!("task {} has no kernels for the {b} back-end (it has: {have:?})", task.name);
     }
-    if crate::driver::is_mlx(&b)
+    if ksearch_search::is_mlx(&b)
         && let Some(r) = task.reference.file()
     {
         bail!(
@@ -333,18 +336,27 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
         ksearch_eval::task_ref::compile(task, &cfg.cache_dir.join(&cfg.backend))
             .map_err(|e| anyhow::anyhow!("{}: {e}", task.dir.join("task.toml").display()))?;
     }
-    crate::llm_planner::apply_flags(&mut cfg.llm, f)?;
+    let llm_flags = LlmFlags {
+        model: f.model.clone(),
+        planner_model: f.planner_model.clone(),
+        coder_model: f.coder_model.clone(),
+        base_url: f.base_url.clone(),
+        api_key_env: f.api_key_env.clone(),
+        max_cost: f.max_cost,
+        max_llm_calls: f.max_llm_calls,
+    };
+    ksearch_search::llm_planner::apply_flags(&mut cfg.llm, &llm_flags)?;
     if cfg.planner == "llm" {
         // Fail early (before a run is created) on an unusable [llm] configuration.
-        crate::llm_planner::settings(cfg.llm.as_ref())?;
+        ksearch_search::llm_planner::settings(cfg.llm.as_ref())?;
     }
     Ok(cfg)
 }
 
-fn make_planner(cfg: &RunConfig, _f: &RunFlags, quiet: bool) -> Result<Box<dyn Planner>> {
+fn make_planner(cfg: &RunConfig, quiet: bool) -> Result<Box<dyn Planner>> {
     match cfg.planner.as_str() {
         "offline" => Ok(Box::new(Offline::default())),
-        "llm" => Ok(Box::new(crate::llm_planner::LlmPlanner::from_config(cfg, quiet)?)),
+        "llm" => Ok(Box::new(LlmPlanner::from_config(cfg, quiet)?)),
         other => bail!("the {other} planner is not available in this build"),
     }
 }
@@ -370,22 +382,18 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
         "",
         &serde_json::to_value(&cfg)?,
     )?;
-    let mut s = new_search_with(store, run_id, cfg.clone(), task, f, g.quiet, Some(started))?;
     if !g.quiet {
         eprintln!(
             "run {run_id}: {} on {} ({}), planner {}, {} rounds",
-            s.task.name,
-            cfg.backend,
-            s.pool.workers.first().map(|w| w.device.as_str()).unwrap_or(""),
-            cfg.planner,
-            cfg.rounds
+            task.name, cfg.backend, started.1, cfg.planner, cfg.rounds
         );
-        eprintln!("isolation: {}", isolation_of(&s));
+        eprintln!("isolation: {}", isolation_of(&started.0));
     }
-    // One deadline: the time budget also bounds every LLM call in flight, the first included.
-    s.planner.set_deadline(budget.map(|b| s.started + b));
-    s.start()?;
-    drive(&mut s, budget)
+    let mut s = new_search_with(store, run_id, cfg.clone(), task, g.quiet, Some(started))?;
+    let stop = StopRules::of(&cfg, budget);
+    let pb = progress(&mut s, g.quiet);
+    let end = s.run(stop);
+    conclude(&s, end, &pb)
 }
 
 /// Start one worker per device; fails (before any run is recorded) when a worker cannot start
@@ -395,7 +403,7 @@ fn start_pool(cfg: &RunConfig) -> Result<(ksearch_eval::Pool, String)> {
     let mut device = String::new();
     for w in pool.workers.iter_mut() {
         device = w.start().map_err(|e| {
-            if crate::driver::is_mlx(&cfg.backend) {
+            if ksearch_search::is_mlx(&cfg.backend) {
                 let e = e.trim_start_matches("worker did not start: ").trim();
                 anyhow::anyhow!(
                     "the {} worker (python -m ksearch_mlx.worker) did not start: {e}; set KSEARCH_PYTHON to an interpreter with MLX (pip install -e python)",
@@ -412,8 +420,8 @@ fn start_pool(cfg: &RunConfig) -> Result<(ksearch_eval::Pool, String)> {
     Ok((pool, device))
 }
 
-fn new_search(store: Store, run_id: i64, cfg: RunConfig, task: Task, f: &RunFlags, quiet: bool) -> Result<Search> {
-    new_search_with(store, run_id, cfg, task, f, quiet, None)
+fn new_search(store: Store, run_id: i64, cfg: RunConfig, task: Task, quiet: bool) -> Result<Search> {
+    new_search_with(store, run_id, cfg, task, quiet, None)
 }
 
 fn new_search_with(
@@ -421,9 +429,8 @@ fn new_search_with(
     run_id: i64,
     cfg: RunConfig,
     task: Task,
-    f: &RunFlags,
     quiet: bool,
-    started: Option<(ksearch_eval::Pool, String)>,
+    started: Option<(Pool, String)>,
 ) -> Result<Search> {
     let (pool, device) = match started {
         Some(p) => p,
@@ -439,84 +446,95 @@ fn new_search_with(
         }
         p.name.clone()
     });
-    let planner = make_planner(&cfg, f, quiet)?;
-    Ok(Search {
+    let planner = make_planner(&cfg, quiet)?;
+    Ok(Search::new(Parts {
         store,
         run_id,
         cfg,
         task,
-        tree: Tree::default(),
-        pool,
+        evaluator: Box::new(pool),
         kb,
         profile,
         planner,
-        round: 0,
-        seed_times: vec![],
-        evals: 0,
-        rounds_since_best: 0,
-        started: Instant::now(),
-        quiet,
-    })
+    }))
 }
 
-fn drive(s: &mut Search, budget: Option<Duration>) -> Result<i32> {
-    let pb = if s.quiet {
+/// The progress bar of a search (hidden when quiet), fed by the engine's events; log lines are
+/// written above it.
+fn progress(s: &mut Search, quiet: bool) -> indicatif::ProgressBar {
+    let pb = if quiet {
         indicatif::ProgressBar::hidden()
     } else {
-        indicatif::ProgressBar::new(s.cfg.rounds as u64)
+        indicatif::ProgressBar::new(s.config().rounds as u64)
     };
     pb.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} round {pos}/{len} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    pb.set_position(s.round as u64);
     // Log lines are written above the bar, not through it.
     crate::show_progress(&pb);
+    let bar = pb.clone();
     let t0 = Instant::now();
-    let evals0 = s.store.count_evaluations(s.run_id)?;
-    let reason = loop {
-        if s.round >= s.cfg.rounds {
-            break "round budget reached".to_string();
+    let run_id = s.run_id();
+    s.on_event(move |e| match e {
+        Event::Note(line) => {
+            if !quiet {
+                bar.suspend(|| eprintln!("{line}"));
+            }
         }
-        if let Some(b) = budget
-            && s.started.elapsed() >= b
-        {
-            break format!("time budget {} reached", humantime::format_duration(b));
+        Event::Resumed {
+            round,
+            nodes,
+            evaluations,
+        } => {
+            bar.set_position(*round as u64);
+            if !quiet {
+                bar.suspend(|| {
+                    eprintln!("resuming run {run_id} at round {round} ({nodes} nodes, {evaluations} evaluations kept)")
+                });
+            }
         }
-        if s.rounds_since_best >= s.cfg.patience {
-            break format!("plateau: no new best in {} rounds", s.cfg.patience);
+        Event::Round {
+            round,
+            best,
+            evaluations,
+        } => {
+            let per_min = *evaluations as f64 / t0.elapsed().as_secs_f64().max(1e-3) * 60.0;
+            bar.set_position(*round as u64);
+            bar.set_message(format!("best {best:.2}x | {per_min:.1} evals/min"));
         }
-        if let Some(why) = s.planner.stop_reason() {
-            pb.finish_and_clear();
-            s.store.set_run_status(s.run_id, "stopped", Some(&why))?;
-            println!(
-                "run {} stopped at round {}: {why}; continue with `ksearch resume {}`",
-                s.run_id, s.round, s.run_id
-            );
-            return Ok(0);
+        Event::Finishing { reason } => {
+            bar.finish_and_clear();
+            if !quiet {
+                eprintln!("stopping: {reason}; re-timing the best against the seed and validating on held-out workloads");
+            }
         }
-        if !s.step()? {
-            break "no open actions left".to_string();
-        }
-        let evals = s.store.count_evaluations(s.run_id)?.saturating_sub(evals0);
-        let per_min = evals as f64 / t0.elapsed().as_secs_f64().max(1e-3) * 60.0;
-        let best = s.tree.best().and_then(|b| b.speedup).unwrap_or(1.0);
-        pb.set_position(s.round as u64);
-        pb.set_message(format!("best {best:.2}x | {per_min:.1} evals/min"));
-    };
+    });
+    pb
+}
+
+/// What a run's end prints, and its exit code.
+fn conclude(s: &Search, end: Result<RunEnd>, pb: &indicatif::ProgressBar) -> Result<i32> {
     pb.finish_and_clear();
-    if !s.quiet {
-        eprintln!("stopping: {reason}; re-timing the best against the seed and validating on held-out workloads");
+    let run_id = s.run_id();
+    match end? {
+        RunEnd::Stopped { reason } => {
+            println!(
+                "run {run_id} stopped at round {}: {reason}; continue with `ksearch resume {run_id}`",
+                s.round()
+            );
+            Ok(0)
+        }
+        RunEnd::Finished(report) => {
+            print_report(&report);
+            if report.stop_reason.starts_with("time budget") {
+                println!(
+                    "run {run_id} stopped on its time budget; continue with `ksearch resume {run_id} --time-budget <duration>`"
+                );
+            }
+            Ok(if report.no_result().is_none() { 0 } else { 1 })
+        }
     }
-    let report = s.finish(&reason)?;
-    print_report(&report);
-    if reason.starts_with("time budget") {
-        println!(
-            "run {} stopped on its time budget; continue with `ksearch resume {} --time-budget <duration>`",
-            s.run_id, s.run_id
-        );
-    }
-    Ok(if report.no_result().is_none() { 0 } else { 1 })
 }
 
 fn print_report(r: &Report) {
@@ -581,7 +599,7 @@ fn print_report(r: &Report) {
             }
         }
     }
-    if let Some(l) = crate::driver::noise_line(r.spread) {
+    if let Some(l) = ksearch_search::noise_line(r.spread) {
         println!("{l}");
     }
     if let Some(why) = r.no_result() {
@@ -618,87 +636,11 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
         .or(fc.run.time_budget.as_deref())
         .map(parse_duration)
         .transpose()?;
-    let mut s = new_search(store, run_id, cfg, task, f, g.quiet)?;
-    s.planner.set_deadline(budget.map(|b| s.started + b));
-    let mut nodes = s.store.nodes(run_id)?;
-    // A node left running by a killed process is tried again, once: a node that was running
-    // both times the search process died (a candidate that kills its orchestrator) is failed
-    // instead of retried forever.
-    for n in nodes.iter_mut().filter(|n| n.status == NodeStatus::Running) {
-        if n.attempts >= 2 {
-            n.status = NodeStatus::Failed;
-            n.failure = Some(ksearch_core::protocol::FailureClass::KilledOrchestrator);
-            n.assessment.overall = 0.0;
-            n.assessment.hw_fit.note = format!(
-                "the search process died while this node ran ({} times): not retried",
-                n.attempts
-            );
-            if !g.quiet {
-                eprintln!(
-                    "node {} was running when the search process died twice: failed (killed_orchestrator)",
-                    n.id
-                );
-            }
-        } else {
-            n.status = NodeStatus::Open;
-        }
-        s.store.update_node(n)?;
-    }
-    s.tree = Tree::from_nodes(nodes);
-    s.round = row.round;
-    s.evals = s.store.count_evaluations(run_id)? + 1000;
-    let root = s.tree.root().cloned().context("run has no seed node")?;
-    if root.status != NodeStatus::Solved {
-        // Killed before the seed was measured: start over within the same run.
-        s.store.set_run_round(run_id, 0)?;
-        bail!("run {run_id} never measured its seed; start a new run");
-    }
-    let seed_eval = s
-        .store
-        .evaluations(run_id, Some(root.id))?
-        .into_iter()
-        .find(|e| e.purpose == "seed")
-        .context("the seed's evaluation is missing")?;
-    s.seed_times = seed_eval
-        .reply
-        .workloads
-        .iter()
-        .filter_map(|w| w.timing.as_ref().map(|t| t.median_us))
-        .collect();
-    // Rounds since the best, from the tree.
-    let best_round = s.tree.best().and_then(|b| b.round_evaluated).unwrap_or(0);
-    s.rounds_since_best = s.round.saturating_sub(best_round);
-    let ctx = crate::planner::Ctx {
-        task: &s.task,
-        backend: &s.cfg.backend,
-        kb: s.kb.as_ref(),
-        tree: &s.tree,
-        round: s.round,
-        run_id,
-        store: Some(&s.store),
-        profile: s.profile.as_deref(),
-    };
-    // A fresh tree gets the planner's first actions; otherwise a planner initialisation that
-    // failed before is tried again.
-    let props = if s.tree.nodes.len() == 1 {
-        s.planner.init(&ctx)?
-    } else {
-        s.planner.resumed(&ctx)?
-    };
-    for p in props {
-        let mut n = ksearch_core::tree::Node::new(0, Some(p.parent), p.action, p.pattern, p.assessment, s.round);
-        n.id = s.store.insert_node(run_id, &n)?;
-        s.tree.nodes.insert(n.id, n);
-    }
-    if !g.quiet {
-        let evals = s.store.count_evaluations(run_id)?;
-        eprintln!(
-            "resuming run {run_id} at round {} ({} nodes, {evals} evaluations kept)",
-            s.round,
-            s.tree.nodes.len()
-        );
-    }
-    drive(&mut s, budget)
+    let stop = StopRules::of(&cfg, budget);
+    let mut s = new_search(store, run_id, cfg, task, g.quiet)?;
+    let pb = progress(&mut s, g.quiet);
+    let end = s.resume(stop);
+    conclude(&s, end, &pb)
 }
 
 fn runs(g: &Global) -> Result<i32> {
@@ -884,7 +826,7 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
         .and_then(|r| r.best_node)
         .or_else(|| t.best().filter(|b| b.parent.is_some()).map(|b| b.id));
     let Some(node) = node_id.and_then(|id| t.get(id)) else {
-        println!("run {run_id}: no result: {}", crate::driver::NO_FASTER);
+        println!("run {run_id}: no result: {}", ksearch_search::NO_FASTER);
         return Ok(1);
     };
     let key = node.candidate.clone().context("best node has no candidate")?;
@@ -910,7 +852,7 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
                 None => println!("held-out: passed"),
             }
         }
-        if let Some(l) = crate::driver::noise_line(r.spread) {
+        if let Some(l) = ksearch_search::noise_line(r.spread) {
             println!("{l}");
         }
     } else if let Some(sp) = node.speedup {
@@ -949,7 +891,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
         return crate::torch_export::export(&store, run_id, output);
     }
     let row = store.run(run_id)?;
-    if !crate::driver::is_mlx(&row.backend) {
+    if !ksearch_search::is_mlx(&row.backend) {
         bail!(
             "run {run_id} searched the {} back-end; --mlx exports runs of mlx-cuda or mlx-metal (ksearch run {} --backend mlx)",
             row.backend,
@@ -980,7 +922,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
     }
     let mut cand_json = serde_json::to_value(&cand)?;
     cand_json["constraints"] = serde_json::json!(constraints);
-    let dir = crate::driver::mlx_package_dir()
+    let dir = crate::pool::mlx_package_dir()
         .context("python/ksearch_mlx not found (run from the repository or set KSEARCH_MLX_PATH)")?;
     let read = |f: &str| {
         let p = dir.join("ksearch_mlx").join(f);
@@ -1087,53 +1029,51 @@ fn bench(
         defines: defs,
         options: Default::default(),
     };
-    let seed_cand = crate::planner::instantiate(&cfg.backend, &seed_k, &BTreeMap::new());
+    let seed_cand = ksearch_search::planner::instantiate(&cfg.backend, &seed_k, &BTreeMap::new());
     let mut store = Store::open(Path::new(":memory:"))?;
     let _ = &mut store;
     let run_id = store.create_run(&task.name, &cfg.backend, "bench", cfg.seed, "", &serde_json::json!({}))?;
-    let mut s = new_search(store, run_id, cfg.clone(), task, &flags, true)?;
+    let (pool, device) = start_pool(&cfg)?;
+    let isolation = isolation_of(&pool);
+    let mut s = new_search_with(store, run_id, cfg.clone(), task, true, Some((pool, device.clone())))?;
     let mut rows = Vec::new();
     let (mut worst, mut retimed) = (0.0f64, false);
     for (which, list_heldout) in [(false, false), (true, true)] {
         if which && !heldout {
             continue;
         }
-        let (mut rs, _) = s.evaluate_pub(&seed_cand, list_heldout);
-        let (mut rc, _) = s.evaluate_pub(&cand, list_heldout);
+        let [mut rs, mut rc]: [ksearch_core::protocol::EvalReply; 2] = s
+            .evaluate_as_is(&[&seed_cand, &cand], list_heldout, None)
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("the evaluator answered the wrong number of requests"))?;
         let spread = |a: &ksearch_core::protocol::EvalReply, b: &ksearch_core::protocol::EvalReply| {
-            crate::driver::max_spread(a).max(crate::driver::max_spread(b))
+            ksearch_search::max_spread(a).max(ksearch_search::max_spread(b))
         };
-        if crate::driver::failure_of(&rc).is_none() && spread(&rs, &rc) > crate::driver::NOISY_SPREAD {
+        if ksearch_search::failure_of(&rc).is_none() && spread(&rs, &rc) > ksearch_search::NOISY_SPREAD {
             // Noisy: time both again, back to back, with three times the repetitions, and keep
             // the calmer pair.
-            let saved = s.cfg.timing.clone();
-            s.cfg.timing = crate::driver::more_reps(&saved);
-            let (rs2, _) = s.evaluate_pub(&seed_cand, list_heldout);
-            let (rc2, _) = s.evaluate_pub(&cand, list_heldout);
-            s.cfg.timing = saved;
+            let more = ksearch_search::more_reps(&cfg.timing);
+            let [rs2, rc2]: [ksearch_core::protocol::EvalReply; 2] = s
+                .evaluate_as_is(&[&seed_cand, &cand], list_heldout, Some(&more))
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("the evaluator answered the wrong number of requests"))?;
             retimed = true;
-            if crate::driver::failure_of(&rc2).is_none()
-                && crate::driver::failure_of(&rs2).is_none()
+            if ksearch_search::failure_of(&rc2).is_none()
+                && ksearch_search::failure_of(&rs2).is_none()
                 && spread(&rs2, &rc2) < spread(&rs, &rc)
             {
                 (rs, rc) = (rs2, rc2);
             }
         }
-        if crate::driver::failure_of(&rc).is_none() {
+        if ksearch_search::failure_of(&rc).is_none() {
             worst = worst.max(spread(&rs, &rc));
         }
         rows.push((list_heldout, rs, rc));
     }
-    println!(
-        "{} on {} ({}); isolation: {}",
-        s.task.name,
-        s.cfg.backend,
-        s.pool.workers.first().map(|w| w.device.as_str()).unwrap_or(""),
-        isolation_of(&s)
-    );
+    println!("{} on {} ({}); isolation: {}", s.task().name, cfg.backend, device, isolation);
     let mut ok = true;
     for (h, rs, rc) in &rows {
-        if let Some(f) = crate::driver::failure_of(rc) {
+        if let Some(f) = ksearch_search::failure_of(rc) {
             println!(
                 "kernel FAILED ({}){}: {}",
                 f.class,
@@ -1163,7 +1103,7 @@ fn bench(
             );
         }
     }
-    if let Some(l) = crate::driver::noise_line(Some(worst)) {
+    if let Some(l) = ksearch_search::noise_line(Some(worst)) {
         println!(
             "{l}{}",
             if retimed {

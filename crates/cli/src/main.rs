@@ -5,10 +5,8 @@
 
 mod commands;
 mod config;
-mod driver;
 mod kb_cmd;
-mod llm_planner;
-mod planner;
+mod pool;
 mod torch_export;
 
 use clap::{Args, Parser, Subcommand};

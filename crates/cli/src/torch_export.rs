@@ -14,7 +14,7 @@ use ksearch_core::task::{KernelSpec, Task};
 use ksearch_core::tree::Tree;
 use ksearch_store::Store;
 
-use crate::driver::{Report, RunConfig};
+use ksearch_search::{Report, RunConfig};
 
 /// The module's body (its tests live in python/tests/test_torch_export.py).
 const BODY: &str = include_str!("../../../python/ksearch_torch/export_module.py");

@@ -28,7 +28,6 @@ use ksearch_llm::prompts::{
 use ksearch_llm::{Budget, ChatRequest, ChatResponse, LlmClient, LlmError, ModelConfig, OpenAiCompatible, ParseError};
 use ksearch_store::LlmCallRow;
 
-use crate::RunFlags;
 use crate::planner::{Ctx, Offline, Outcome, Planner, Proposal, TreeEdit, Written, instantiate, validate_edit};
 
 /// Keys of `[llm]` that are not model settings.
@@ -87,9 +86,21 @@ fn check_secrets(v: &Value, at: &str) -> Result<()> {
     Ok(())
 }
 
+/// The LLM settings given on the command line (each overrides the stored value).
+#[derive(Debug, Clone, Default)]
+pub struct LlmFlags {
+    pub model: Option<String>,
+    pub planner_model: Option<String>,
+    pub coder_model: Option<String>,
+    pub base_url: Option<String>,
+    pub api_key_env: Option<String>,
+    pub max_cost: Option<f64>,
+    pub max_llm_calls: Option<u32>,
+}
+
 /// Fold the LLM flags into the run's `[llm]` table (kept in the run config, so `resume` uses the
 /// same models; a flag given to `resume` overrides the stored value).
-pub fn apply_flags(llm: &mut Option<Value>, f: &RunFlags) -> Result<()> {
+pub fn apply_flags(llm: &mut Option<Value>, f: &LlmFlags) -> Result<()> {
     let any = f.model.is_some()
         || f.planner_model.is_some()
         || f.coder_model.is_some()
@@ -235,7 +246,7 @@ pub struct LlmPlanner {
 }
 
 impl LlmPlanner {
-    pub fn from_config(cfg: &crate::driver::RunConfig, quiet: bool) -> Result<LlmPlanner> {
+    pub fn from_config(cfg: &crate::engine::RunConfig, quiet: bool) -> Result<LlmPlanner> {
         let s = settings(cfg.llm.as_ref())?;
         let planner = OpenAiCompatible::new(s.planner.clone()).map_err(|e| anyhow::anyhow!("LLM planner: {e}"))?;
         let coder = OpenAiCompatible::new(s.coder.clone()).map_err(|e| anyhow::anyhow!("LLM coder: {e}"))?;
@@ -262,7 +273,7 @@ impl LlmPlanner {
         coder: Box<dyn LlmClient>,
         prompts: Prompts,
         settings: Settings,
-        cfg: &crate::driver::RunConfig,
+        cfg: &crate::engine::RunConfig,
         quiet: bool,
     ) -> LlmPlanner {
         let context = cfg.context.parse().unwrap_or(ksearch_kb::ContextLevel::Full);
@@ -1362,7 +1373,7 @@ mod tests {
 
     #[test]
     fn flags_fold_into_roles_and_refuse_keys() {
-        let f = RunFlags {
+        let f = LlmFlags {
             model: Some("m".into()),
             coder_model: Some("c".into()),
             base_url: Some("http://127.0.0.1:1/v1".into()),
@@ -1378,7 +1389,7 @@ mod tests {
         assert_eq!(s.coder.api_key_env.as_deref(), Some("K"));
         assert_eq!(s.max_calls, Some(3));
         let mut bad = Some(json!({"model": "m", "api_key": "sk-123"}));
-        assert!(apply_flags(&mut bad, &RunFlags::default()).is_err());
+        assert!(apply_flags(&mut bad, &LlmFlags::default()).is_err());
         assert!(settings(Some(&json!({}))).is_err());
     }
 

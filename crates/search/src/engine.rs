@@ -1,7 +1,8 @@
-//! The search driver: one run = one tree in the store. Each round selects an open node,
-//! has the planner write its candidate, checks it statically, evaluates it in a worker,
-//! records everything in one transaction, and lets the planner revise the tree. At the end
-//! the best candidates are re-timed against the seed and validated on held-out workloads.
+//! The search engine: one run = one tree in the store. Each round selects an open node,
+//! has the planner write its candidate, checks it statically, evaluates it through the
+//! [`Evaluator`], records everything in one transaction, and lets the planner revise the tree.
+//! At the end the best candidates are re-timed against the seed and validated on held-out
+//! workloads. Progress goes to an [`Event`] callback; nothing is printed here.
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
@@ -12,9 +13,9 @@ use std::time::{Duration, Instant};
 use ksearch_core::protocol::{Candidate, EvalReply, EvalRequest, Failure, FailureClass, TimingReq, WorkloadReq, workload_label};
 use ksearch_core::task::{Task, Workload};
 use ksearch_core::tree::{Action, Assessment, Node, NodeStatus, Tree};
-use ksearch_eval::{Limits, Pool, Supervisor, WorkerSpec};
 use ksearch_store::Store;
 
+use crate::evaluator::Evaluator;
 use crate::planner::{Ctx, Outcome, Planner, Proposal, TreeEdit, validate_edit};
 
 /// Everything a run needs, persisted as the run's config so `resume` continues alike.
@@ -41,10 +42,62 @@ pub struct RunConfig {
     pub llm: Option<serde_json::Value>,
 }
 
-#[allow(dead_code)]
-pub struct Options {
+/// When a run stops searching and goes on to its final phase.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StopRules {
+    /// The round budget: no round beyond this one.
+    pub rounds: u32,
+    /// Stop after this many rounds without a new best.
+    pub patience: u32,
+    /// Wall time of this invocation (it also bounds every LLM call in flight).
     pub time_budget: Option<Duration>,
-    pub quiet: bool,
+}
+
+impl StopRules {
+    /// The rules of `cfg` with a time budget.
+    pub fn of(cfg: &RunConfig, time_budget: Option<Duration>) -> StopRules {
+        StopRules {
+            rounds: cfg.rounds,
+            patience: cfg.patience,
+            time_budget,
+        }
+    }
+}
+
+/// What the engine reports while it works.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A line about the search (a node's result, a refused edit, a step of the final phase).
+    Note(String),
+    /// `resume` rebuilt the run from the store and continues at `round`.
+    Resumed { round: u32, nodes: usize, evaluations: u64 },
+    /// A round ended: the best in-search speed-up so far and the evaluations of this invocation.
+    Round { round: u32, best: f64, evaluations: u64 },
+    /// The search stopped (why) and the final phase begins.
+    Finishing { reason: String },
+}
+
+/// How a run (or a resumed run) ended.
+#[derive(Debug, Clone)]
+pub enum RunEnd {
+    /// The search ended and the final phase reported.
+    Finished(Box<Report>),
+    /// The planner had to stop (its budget is spent): the run is resumable, no final phase ran.
+    Stopped { reason: String },
+}
+
+/// What a [`Search`] is made of.
+pub struct Parts {
+    pub store: Store,
+    /// The run in the store (created by the caller, or the one to resume).
+    pub run_id: i64,
+    pub cfg: RunConfig,
+    pub task: Task,
+    pub evaluator: Box<dyn Evaluator>,
+    pub kb: Option<ksearch_kb::Kb>,
+    /// The hardware profile (in `kb`) whose rules and roofline apply.
+    pub profile: Option<String>,
+    pub planner: Box<dyn Planner>,
 }
 
 pub fn mix(a: u64, b: u64) -> u64 {
@@ -54,123 +107,9 @@ pub fn mix(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Workers for `cfg`: one per device (CUDA) or one (CPU).
 /// `mlx-cuda` or `mlx-metal`: the back-ends served by the Python MLX worker.
 pub fn is_mlx(backend: &str) -> bool {
     backend.starts_with("mlx")
-}
-
-/// Where the `ksearch_mlx` package lives: `$KSEARCH_MLX_PATH`, else a `python/` folder holding
-/// it in the current directory or beside (an ancestor of) the executable. `None`: rely on an
-/// installed package.
-pub fn mlx_package_dir() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("KSEARCH_MLX_PATH") {
-        return Some(PathBuf::from(p));
-    }
-    let has = |d: &std::path::Path| d.join("ksearch_mlx").join("worker.py").is_file();
-    let here = PathBuf::from("python");
-    if has(&here) {
-        return std::fs::canonicalize(&here).ok();
-    }
-    let exe = std::env::current_exe().ok()?;
-    exe.ancestors().skip(1).map(|a| a.join("python")).find(|p| has(p))
-}
-
-/// The interpreter (`$KSEARCH_PYTHON`, default `python3`) and environment of the MLX worker.
-pub fn mlx_worker_command() -> Result<(PathBuf, Vec<(String, String)>)> {
-    let python = std::env::var("KSEARCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let mut env = vec![("PYTHONUNBUFFERED".to_string(), "1".to_string())];
-    if let Some(dir) = mlx_package_dir() {
-        let mut path = dir.display().to_string();
-        if let Ok(old) = std::env::var("PYTHONPATH")
-            && !old.is_empty()
-        {
-            path = format!("{path}:{old}");
-        }
-        env.push(("PYTHONPATH".into(), path));
-    }
-    Ok((PathBuf::from(python), env))
-}
-
-pub fn make_pool(cfg: &RunConfig) -> Result<Pool> {
-    let pool = make_pool_inner(cfg)?;
-    let keys = crate::llm_planner::settings_keys(cfg.llm.as_ref());
-    let mut pool = pool;
-    if !keys.is_empty() {
-        for w in &mut pool.workers {
-            w.scrub_also(&keys);
-        }
-    }
-    Ok(pool)
-}
-
-fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
-    let exe = std::env::current_exe().context("cannot find the ksearch executable")?;
-    let limits = Limits {
-        compile_timeout: Duration::from_secs_f64(cfg.compile_timeout_s),
-        run_timeout: Duration::from_secs_f64(cfg.run_timeout_s),
-        mem_limit_bytes: cfg.mem_limit_bytes,
-    };
-    let devices: Vec<usize> = if cfg.devices.is_empty() {
-        vec![0]
-    } else {
-        cfg.devices.clone()
-    };
-    let mut workers = Vec::new();
-    if is_mlx(&cfg.backend) {
-        let (program, env) = mlx_worker_command()?;
-        for d in devices {
-            let args = vec![
-                "-m".to_string(),
-                "ksearch_mlx.worker".into(),
-                "--backend".into(),
-                cfg.backend.clone(),
-                "--device".into(),
-                d.to_string(),
-                "--cache".into(),
-                cfg.cache_dir.join(&cfg.backend).display().to_string(),
-            ];
-            workers.push(Supervisor::new(
-                WorkerSpec {
-                    program: program.clone(),
-                    args,
-                    env: env.clone(),
-                },
-                limits,
-            ));
-        }
-        return Ok(Pool::new(workers));
-    }
-    for d in devices {
-        let mut args = vec![
-            "worker".to_string(),
-            "--backend".into(),
-            cfg.backend.clone(),
-            "--cache".into(),
-        ];
-        args.push(cfg.cache_dir.join(&cfg.backend).display().to_string());
-        if cfg.backend != "cpu" {
-            args.push("--device".into());
-            args.push(d.to_string());
-        } else {
-            args.push("--mem-limit".into());
-            args.push(cfg.mem_limit_bytes.to_string());
-        }
-        let mut env = Vec::new();
-        if cfg.backend == "cpu" && std::env::var("OMP_NUM_THREADS").is_err() {
-            let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-            env.push(("OMP_NUM_THREADS".into(), n.to_string()));
-        }
-        workers.push(Supervisor::new(
-            WorkerSpec {
-                program: exe.clone(),
-                args,
-                env,
-            },
-            limits,
-        ));
-    }
-    Ok(Pool::new(workers))
 }
 
 macro_rules! ctx {
@@ -188,23 +127,37 @@ macro_rules! ctx {
     };
 }
 
+/// A final re-timing: the seed's medians, the candidate's, and the worse spread of the two.
+type Pair = (Vec<f64>, Vec<f64>, f64);
+
+/// The requests of one evaluation (see `Search::plan`).
+struct Planned {
+    reqs: Vec<EvalRequest>,
+    /// The defines of each request when the shapes need their own builds (None: one plain
+    /// request).
+    builds: Option<Vec<BTreeMap<String, i64>>>,
+    /// The workloads' labels in the list's order.
+    order: Vec<String>,
+}
+
+/// One run of the search.
 pub struct Search {
-    pub store: Store,
-    pub run_id: i64,
-    pub cfg: RunConfig,
-    pub task: Task,
-    pub tree: Tree,
-    pub pool: Pool,
-    pub kb: Option<ksearch_kb::Kb>,
-    pub profile: Option<String>,
-    pub planner: Box<dyn Planner>,
-    pub round: u32,
+    store: Store,
+    run_id: i64,
+    cfg: RunConfig,
+    task: Task,
+    tree: Tree,
+    evaluator: Box<dyn Evaluator>,
+    kb: Option<ksearch_kb::Kb>,
+    profile: Option<String>,
+    planner: Box<dyn Planner>,
+    round: u32,
     /// Seed medians per search workload (microseconds).
-    pub seed_times: Vec<f64>,
-    pub evals: u64,
-    pub rounds_since_best: u32,
-    pub started: Instant,
-    pub quiet: bool,
+    seed_times: Vec<f64>,
+    evals: u64,
+    rounds_since_best: u32,
+    started: Instant,
+    events: Box<dyn FnMut(&Event)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -391,6 +344,178 @@ pub fn failure_of(r: &EvalReply) -> Option<Failure> {
 }
 
 impl Search {
+    /// A search over `parts`; nothing runs until [`Search::run`] or [`Search::resume`].
+    pub fn new(parts: Parts) -> Search {
+        Search {
+            store: parts.store,
+            run_id: parts.run_id,
+            cfg: parts.cfg,
+            task: parts.task,
+            tree: Tree::default(),
+            evaluator: parts.evaluator,
+            kb: parts.kb,
+            profile: parts.profile,
+            planner: parts.planner,
+            round: 0,
+            seed_times: vec![],
+            evals: 0,
+            rounds_since_best: 0,
+            started: Instant::now(),
+            events: Box::new(|_| {}),
+        }
+    }
+
+    /// Where progress goes (by default nowhere).
+    pub fn on_event(&mut self, f: impl FnMut(&Event) + 'static) {
+        self.events = Box::new(f);
+    }
+
+    pub fn run_id(&self) -> i64 {
+        self.run_id
+    }
+
+    pub fn task(&self) -> &Task {
+        &self.task
+    }
+
+    pub fn config(&self) -> &RunConfig {
+        &self.cfg
+    }
+
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The last round started (the round counter of the run).
+    pub fn round(&self) -> u32 {
+        self.round
+    }
+
+    /// Run a fresh run: measure the seed, let the planner open the first actions, search until
+    /// a stop rule holds, then re-time, validate and report.
+    pub fn run(&mut self, stop: StopRules) -> Result<RunEnd> {
+        // One deadline: the time budget also bounds every LLM call in flight, the first included.
+        self.planner.set_deadline(stop.time_budget.map(|b| self.started + b));
+        self.start()?;
+        self.drive(stop)
+    }
+
+    /// Continue the run from the store after an interruption in any phase: nodes left running
+    /// are tried again once (a node running both times the process died is failed as
+    /// `killed_orchestrator`), a seed never measured is measured now, the round counter and
+    /// the rounds since the best go on; a search that had ended goes straight to its final phase.
+    pub fn resume(&mut self, stop: StopRules) -> Result<RunEnd> {
+        self.planner.set_deadline(stop.time_budget.map(|b| self.started + b));
+        let run_id = self.run_id;
+        let row = self.store.run(run_id)?;
+        let mut nodes = self.store.nodes(run_id)?;
+        for n in nodes.iter_mut().filter(|n| n.status == NodeStatus::Running) {
+            if n.attempts >= 2 {
+                n.status = NodeStatus::Failed;
+                n.failure = Some(FailureClass::KilledOrchestrator);
+                n.assessment.overall = 0.0;
+                n.assessment.hw_fit.note = format!(
+                    "the search process died while this node ran ({} times): not retried",
+                    n.attempts
+                );
+                self.log(&format!(
+                    "node {} was running when the search process died twice: failed (killed_orchestrator)",
+                    n.id
+                ));
+            } else {
+                n.status = NodeStatus::Open;
+            }
+            self.store.update_node(n)?;
+        }
+        self.tree = Tree::from_nodes(nodes);
+        self.round = row.round;
+        self.evals = self.store.count_evaluations(run_id)? + 1000;
+        match self.tree.root().cloned() {
+            // Interrupted before or while the seed was measured: measure it now.
+            None => self.start()?,
+            Some(root) if root.status == NodeStatus::Failed => {
+                bail!("run {run_id}: its seed failed; start a new run")
+            }
+            Some(root) if root.status != NodeStatus::Solved => {
+                self.tree = Tree::default();
+                self.measure_seed(root)?;
+                self.open_first()?;
+            }
+            Some(root) => {
+                let seed_eval = self
+                    .store
+                    .evaluations(run_id, Some(root.id))?
+                    .into_iter()
+                    .find(|e| e.purpose == "seed")
+                    .context("the seed's evaluation is missing")?;
+                self.seed_times = seed_eval
+                    .reply
+                    .workloads
+                    .iter()
+                    .filter_map(|w| w.timing.as_ref().map(|t| t.median_us))
+                    .collect();
+                // Rounds since the best, from the tree.
+                let best_round = self.tree.best().and_then(|b| b.round_evaluated).unwrap_or(0);
+                self.rounds_since_best = self.round.saturating_sub(best_round);
+                // A fresh tree gets the planner's first actions; otherwise a planner
+                // initialisation that failed before is tried again.
+                let props = if self.tree.nodes.len() == 1 {
+                    self.planner.init(&ctx!(self))?
+                } else {
+                    self.planner.resumed(&ctx!(self))?
+                };
+                for p in props {
+                    self.insert(p)?;
+                }
+            }
+        }
+        let evaluations = self.store.count_evaluations(run_id)?;
+        (self.events)(&Event::Resumed {
+            round: self.round,
+            nodes: self.tree.nodes.len(),
+            evaluations,
+        });
+        self.drive(stop)
+    }
+
+    /// Rounds until a stop rule holds, then the final phase.
+    fn drive(&mut self, stop: StopRules) -> Result<RunEnd> {
+        let evals0 = self.store.count_evaluations(self.run_id)?;
+        let reason = loop {
+            if self.round >= stop.rounds {
+                break "round budget reached".to_string();
+            }
+            if let Some(b) = stop.time_budget
+                && self.started.elapsed() >= b
+            {
+                break format!("time budget {} reached", humantime::format_duration(b));
+            }
+            if self.rounds_since_best >= stop.patience {
+                break format!("plateau: no new best in {} rounds", stop.patience);
+            }
+            if let Some(why) = self.planner.stop_reason() {
+                self.store.set_run_status(self.run_id, "stopped", Some(&why))?;
+                return Ok(RunEnd::Stopped { reason: why });
+            }
+            if !self.step()? {
+                break "no open actions left".to_string();
+            }
+            let evaluations = self.store.count_evaluations(self.run_id)?.saturating_sub(evals0);
+            let best = self.best_speedup();
+            (self.events)(&Event::Round {
+                round: self.round,
+                best,
+                evaluations,
+            });
+        };
+        (self.events)(&Event::Finishing { reason: reason.clone() });
+        Ok(RunEnd::Finished(Box::new(self.finish(&reason)?)))
+    }
+
     fn workloads(&self, list: &[Workload], purpose: u64) -> Vec<WorkloadReq> {
         list.iter()
             .enumerate()
@@ -422,18 +547,11 @@ impl Search {
         }
     }
 
-    /// Evaluate on the held-out workloads, each with its own build (see `evaluate_built`).
-    fn evaluate_heldout(&mut self, cand: &Candidate, kernel: &str) -> (EvalReply, f64) {
-        let b = self.task.backend(&self.cfg.backend).expect("backend").clone();
-        self.evaluate_built(cand, kernel, &b.heldout, true)
-    }
-
-    /// Evaluate `cand` of knowledge-base kernel `kernel` on `list`, with the build each shape
-    /// needs: a tunable its constraints tie to the shape (e.g. `HD == D`) is specialised per
-    /// workload (same source, same other tunables), one request per distinct build, replies
-    /// merged in the list's order; each workload records the defines it ran with (the
-    /// candidate's dispatch table). Search and held-out workloads are treated alike.
-    fn evaluate_built(&mut self, cand: &Candidate, kernel: &str, list: &[Workload], heldout: bool) -> (EvalReply, f64) {
+    /// The requests of one evaluation of `cand` (of knowledge-base kernel `kernel`) on
+    /// `list`, with the build each shape needs: a tunable its constraints tie to the shape
+    /// (e.g. `HD == D`) is specialised per workload (same source, same other tunables), one
+    /// request per distinct build. Search and held-out workloads are treated alike.
+    fn plan(&mut self, cand: &Candidate, kernel: &str, list: &[Workload], heldout: bool) -> Planned {
         let spec = self.task.kernel(&self.cfg.backend, kernel).cloned();
         let mut groups: Vec<(BTreeMap<String, i64>, Vec<Workload>)> = Vec::new();
         for w in list {
@@ -448,19 +566,42 @@ impl Search {
                 None => groups.push((c, vec![w.clone()])),
             }
         }
+        let order = list.iter().map(|w| workload_label(w, &self.task.axes)).collect();
         if groups.len() == 1 && groups[0].0 == cand.defines {
             // One build for every shape: a plain evaluation.
-            return self.evaluate(cand, heldout);
+            let req = self.request_for(cand, list, heldout as u64, false);
+            return Planned {
+                reqs: vec![req],
+                builds: None,
+                order,
+            };
         }
-        let mut merged = EvalReply::default();
-        let mut wall = 0.0;
+        let mut reqs = Vec::new();
+        let mut builds = Vec::new();
         for (defs, ws) in groups {
             let mut c = cand.clone();
             c.defines = defs.clone();
-            let req = self.request_for(&c, &ws, heldout as u64, false);
-            let t = Instant::now();
-            let r = self.pool.eval_many(std::slice::from_ref(&req)).pop().unwrap_or_default();
-            wall += t.elapsed().as_secs_f64();
+            reqs.push(self.request_for(&c, &ws, heldout as u64, false));
+            builds.push(defs);
+        }
+        Planned {
+            reqs,
+            builds: Some(builds),
+            order,
+        }
+    }
+
+    /// One reply for a planned evaluation: per-shape builds merged in the list's order, each
+    /// workload recording the defines it ran with (the candidate's dispatch table).
+    fn merge(&self, p: &Planned, replies: Vec<EvalReply>) -> EvalReply {
+        let Some(builds) = &p.builds else {
+            let mut r = replies.into_iter().next().unwrap_or_default();
+            r.id = p.reqs[0].id;
+            self.apply_profile_floor(&mut r);
+            return r;
+        };
+        let mut merged = EvalReply::default();
+        for ((req, defs), r) in p.reqs.iter().zip(builds).zip(replies) {
             merged.id = req.id;
             if merged.failure.is_none() {
                 merged.failure = r.failure.clone();
@@ -477,11 +618,34 @@ impl Search {
         }
         self.apply_profile_floor(&mut merged);
         // Back in the list's order, so seed and candidate line up.
-        let order: Vec<String> = list.iter().map(|w| workload_label(w, &self.task.axes)).collect();
         merged
             .workloads
-            .sort_by_key(|w| order.iter().position(|l| *l == w.label).unwrap_or(usize::MAX));
-        (merged, wall)
+            .sort_by_key(|w| p.order.iter().position(|l| *l == w.label).unwrap_or(usize::MAX));
+        merged
+    }
+
+    /// Evaluate independent things as one batch (the evaluator may run them at once): one
+    /// reply per plan, in order, each with its share of the batch's wall time.
+    fn evaluate_batch(&mut self, plans: Vec<Planned>) -> Vec<(EvalReply, f64)> {
+        let all: Vec<EvalRequest> = plans.iter().flat_map(|p| p.reqs.iter().cloned()).collect();
+        let t = Instant::now();
+        let mut replies = self.evaluator.eval_many(&all);
+        let share = t.elapsed().as_secs_f64() / plans.len().max(1) as f64;
+        // An evaluator that answers fewer requests than it was given failed on the rest.
+        for q in all.iter().skip(replies.len()) {
+            replies.push(EvalReply::failed(q.id, FailureClass::Infra, "the evaluator gave no reply"));
+        }
+        let mut it = replies.into_iter();
+        plans
+            .iter()
+            .map(|p| (self.merge(p, it.by_ref().take(p.reqs.len()).collect()), share))
+            .collect()
+    }
+
+    /// Evaluate one thing (see `plan`).
+    fn evaluate_built(&mut self, cand: &Candidate, kernel: &str, list: &[Workload], heldout: bool) -> (EvalReply, f64) {
+        let p = self.plan(cand, kernel, list, heldout);
+        self.evaluate_batch(vec![p]).pop().unwrap_or_default()
     }
 
     /// Static rules of the translation layer, before any compile.
@@ -504,13 +668,11 @@ impl Search {
         })
     }
 
+    /// Evaluate `cand` as it is (one build for every shape).
     fn evaluate(&mut self, cand: &Candidate, heldout: bool) -> (EvalReply, f64) {
-        let req = self.request(cand, heldout, false);
-        let t = Instant::now();
-        let mut r = self.pool.eval_many(std::slice::from_ref(&req)).pop().unwrap_or_default();
-        r.id = req.id;
-        self.apply_profile_floor(&mut r);
-        (r, t.elapsed().as_secs_f64())
+        let b = self.task.backend(&self.cfg.backend).expect("backend checked at start");
+        let list = if heldout { b.heldout.clone() } else { b.search.clone() };
+        self.evaluate_built(cand, "", &list, heldout)
     }
 
     /// The hardware profile's roofline floor (bytes at the memory bandwidth, flops at the
@@ -544,8 +706,23 @@ impl Search {
         }
     }
 
-    pub fn evaluate_pub(&mut self, cand: &Candidate, heldout: bool) -> (EvalReply, f64) {
-        self.evaluate(cand, heldout)
+    /// Evaluate candidates as they are (no per-shape builds) on the search or held-out
+    /// workloads, as one batch, with `timing` instead of the run's when given; nothing is
+    /// stored. For comparing a kernel file with the seed (`ksearch bench`).
+    pub fn evaluate_as_is(&mut self, cands: &[&Candidate], heldout: bool, timing: Option<&TimingReq>) -> Vec<EvalReply> {
+        let saved = self.cfg.timing.clone();
+        if let Some(t) = timing {
+            self.cfg.timing = t.clone();
+        }
+        let reqs: Vec<EvalRequest> = cands.iter().map(|c| self.request(c, heldout, false)).collect();
+        self.cfg.timing = saved;
+        let mut replies = self.evaluator.eval_many(&reqs);
+        replies.resize_with(reqs.len(), EvalReply::default);
+        for (r, q) in replies.iter_mut().zip(&reqs) {
+            r.id = q.id;
+            self.apply_profile_floor(r);
+        }
+        replies
     }
 
     /// Evaluate on the search workloads with the build each shape needs.
@@ -585,13 +762,7 @@ impl Search {
     }
 
     /// Create the run: evaluate the seed and let the planner open the first actions.
-    pub fn start(&mut self) -> Result<()> {
-        let seed_k = self
-            .task
-            .kernel(&self.cfg.backend, "seed")
-            .context("task has no seed")?
-            .clone();
-        let cand = crate::planner::instantiate(&self.cfg.backend, &seed_k, &BTreeMap::new());
+    fn start(&mut self) -> Result<()> {
         let mut root = Node::new(
             0,
             None,
@@ -604,6 +775,18 @@ impl Search {
             0,
         );
         root.id = self.store.insert_node(self.run_id, &root)?;
+        self.measure_seed(root)?;
+        self.open_first()
+    }
+
+    /// Evaluate the seed as the root node `root` (already in the store).
+    fn measure_seed(&mut self, mut root: Node) -> Result<()> {
+        let seed_k = self
+            .task
+            .kernel(&self.cfg.backend, "seed")
+            .context("task has no seed")?
+            .clone();
+        let cand = crate::planner::instantiate(&self.cfg.backend, &seed_k, &BTreeMap::new());
         let (reply, wall) = self.evaluate(&cand, false);
         let key = self.store.put_candidate("seed", &cand)?;
         root.candidate = Some(key.clone());
@@ -625,7 +808,7 @@ impl Search {
             }
         }
         let rid = self.run_id;
-        let dev = self.pool.workers.first().map(|w| w.device.clone()).unwrap_or_default();
+        let dev = self.evaluator.device();
         self.store.atomic(|s| {
             s.insert_evaluation(rid, Some(root.id), Some(&key), 0, "seed", &reply, wall)?;
             s.update_node(&root)?;
@@ -644,10 +827,14 @@ impl Search {
                 f.message
             );
         }
+        Ok(())
+    }
+
+    /// The planner's first actions under the seed.
+    fn open_first(&mut self) -> Result<()> {
         let props = self.planner.init(&ctx!(self))?;
-        let mut new = Vec::new();
         for p in props {
-            new.push(self.insert(p)?);
+            self.insert(p)?;
         }
         Ok(())
     }
@@ -675,7 +862,7 @@ impl Search {
     }
 
     /// One round. Returns false when nothing is left to try.
-    pub fn step(&mut self) -> Result<bool> {
+    fn step(&mut self) -> Result<bool> {
         // Open nodes this planner cannot write (LLM edits under the offline planner) are
         // skipped, not failed: they stay open for a later run with a planner that can.
         let unwritable: Vec<i64> = self
@@ -944,14 +1131,12 @@ impl Search {
         Ok(())
     }
 
-    fn log(&self, s: &str) {
-        if !self.quiet {
-            eprintln!("{s}");
-        }
+    fn log(&mut self, s: &str) {
+        (self.events)(&Event::Note(s.to_string()));
     }
 
     /// Re-time the best candidates against the seed and validate them on held-out workloads.
-    pub fn finish(&mut self, stop_reason: &str) -> Result<Report> {
+    fn finish(&mut self, stop_reason: &str) -> Result<Report> {
         let rid = self.run_id;
         let round = self.round;
         let seed_node = self.tree.root().cloned().context("run has no seed node")?;
@@ -966,7 +1151,7 @@ impl Search {
         ranked.sort_by(|a, b| b.speedup.partial_cmp(&a.speedup).unwrap_or(std::cmp::Ordering::Equal));
         let b = self.task.backend(&self.cfg.backend).expect("backend").clone();
         let labels: Vec<String> = b.search.iter().map(|w| workload_label(w, &self.task.axes)).collect();
-        let device = self.pool.workers.first().map(|w| w.device.clone()).unwrap_or_default();
+        let device = self.evaluator.device();
         let mut report = Report {
             run: rid,
             task: self.task.name.clone(),
@@ -1000,48 +1185,63 @@ impl Search {
         }
         let mut finals: Vec<Final> = Vec::new();
         let seed_key = seed_node.candidate.clone();
-        for cand_node in ranked.iter().take(FINAL_CANDIDATES) {
-            let cand = self.load_candidate(cand_node)?;
-            let kname = self.kernel_of(cand_node);
-            let key = cand_node.candidate.clone();
-            let mut got: Option<(Vec<f64>, Vec<f64>, f64)> = None;
-            // Noisy timings are taken once more, with three times the repetitions; the calmer
-            // pair counts.
-            for attempt in 0..2 {
-                let saved = self.cfg.timing.clone();
-                if attempt > 0 {
-                    self.cfg.timing = more_reps(&saved);
-                }
-                let (rs, ws) = self.evaluate(&seed_cand, false);
-                let (rc, wc) = self.evaluate_search(&cand, &kname);
-                self.cfg.timing = saved;
+        let mut todo: Vec<(Node, Candidate, String)> = Vec::new();
+        for n in ranked.iter().take(FINAL_CANDIDATES) {
+            todo.push((n.clone(), self.load_candidate(n)?, self.kernel_of(n)));
+        }
+        // Each candidate with the seed, all pairs in one batch; noisy pairs are taken once more,
+        // with three times the repetitions, and the calmer pair counts.
+        let mut got: Vec<Option<Pair>> = vec![None; todo.len()];
+        let mut pending: Vec<usize> = (0..todo.len()).collect();
+        for attempt in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let saved = self.cfg.timing.clone();
+            if attempt > 0 {
+                self.cfg.timing = more_reps(&saved);
+            }
+            let mut plans = Vec::new();
+            for &i in &pending {
+                plans.push(self.plan(&seed_cand, "", &b.search, false));
+                plans.push(self.plan(&todo[i].1, &todo[i].2, &b.search, false));
+            }
+            self.cfg.timing = saved;
+            let mut out = self.evaluate_batch(plans).into_iter();
+            let mut noisy = Vec::new();
+            for &i in &pending {
+                let (Some((rs, ws)), Some((rc, wc))) = (out.next(), out.next()) else {
+                    break;
+                };
+                let (node_id, key) = (todo[i].0.id, todo[i].0.candidate.clone());
                 self.store.atomic(|s| {
                     s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "final", &rs, ws)?;
-                    s.insert_evaluation(rid, Some(cand_node.id), key.as_deref(), round, "final", &rc, wc)?;
+                    s.insert_evaluation(rid, Some(node_id), key.as_deref(), round, "final", &rc, wc)?;
                     Ok(())
                 })?;
                 let (Some(ms), Some(mc)) = (medians(&rs), medians(&rc)) else {
                     self.log(&format!(
-                        "final: node {} failed its re-timing: {:?}",
-                        cand_node.id,
+                        "final: node {node_id} failed its re-timing: {:?}",
                         failure_of(&rc).or(failure_of(&rs)).map(|f| f.message)
                     ));
-                    got = None;
-                    break;
+                    got[i] = None;
+                    continue;
                 };
                 let spread = max_spread(&rs).max(max_spread(&rc));
-                if got.as_ref().is_none_or(|g| spread < g.2) {
-                    got = Some((ms, mc, spread));
+                if got[i].as_ref().is_none_or(|g| spread < g.2) {
+                    got[i] = Some((ms, mc, spread));
                 }
-                if spread <= NOISY_SPREAD {
-                    break;
+                if spread > NOISY_SPREAD && attempt == 0 {
+                    self.log(&format!(
+                        "final: node {node_id} timings noisy (spread {:.0}%), timing again",
+                        spread * 100.0
+                    ));
+                    noisy.push(i);
                 }
-                self.log(&format!(
-                    "final: node {} timings noisy (spread {:.0}%), timing again",
-                    cand_node.id,
-                    spread * 100.0
-                ));
             }
+            pending = noisy;
+        }
+        for ((cand_node, cand, kname), got) in todo.into_iter().zip(got) {
             let verified = got.as_ref().map(|(ms, mc, _)| ratio(ms, mc));
             report.retimed.push(Retimed {
                 node: cand_node.id,
@@ -1051,7 +1251,7 @@ impl Search {
             if let Some((ms, mc, spread)) = got {
                 let speedup = ratio(&ms, &mc);
                 finals.push(Final {
-                    node: cand_node.clone(),
+                    node: cand_node,
                     kernel: kname,
                     cand,
                     seed_us: ms,
@@ -1094,8 +1294,13 @@ impl Search {
                 }
             } else {
                 let key = f.node.candidate.clone();
-                let (hs, hws) = self.evaluate_heldout(&seed_cand, "seed");
-                let (hc, hwc) = self.evaluate_heldout(&f.cand, &f.kernel);
+                // The seed and every build of the candidate, in one batch.
+                let plans = vec![
+                    self.plan(&seed_cand, "seed", &b.heldout, true),
+                    self.plan(&f.cand, &f.kernel, &b.heldout, true),
+                ];
+                let mut out = self.evaluate_batch(plans).into_iter();
+                let ((hs, hws), (hc, hwc)) = (out.next().unwrap_or_default(), out.next().unwrap_or_default());
                 self.store.atomic(|s| {
                     s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "heldout", &hs, hws)?;
                     s.insert_evaluation(rid, Some(f.node.id), key.as_deref(), round, "heldout", &hc, hwc)?;
@@ -1145,11 +1350,8 @@ impl Search {
     /// (stored as a `baseline` evaluation) and compare it with the best kernel's times.
     fn native_baseline(&mut self, seed: &Candidate, best_us: &[f64]) -> Result<Native> {
         let req = self.request(seed, false, false);
-        let Some(w) = self.pool.workers.first_mut() else {
-            bail!("no worker");
-        };
         let t = Instant::now();
-        let r = w.baseline(&req);
+        let r = self.evaluator.baseline(&req);
         let secs = t.elapsed().as_secs_f64();
         let (rid, round) = (self.run_id, self.round);
         self.store

@@ -1,0 +1,122 @@
+//! The worker pool of a run: one worker process per device, the Rust worker (`ksearch worker`)
+//! or the Python MLX worker, with the run's limits and the LLM keys scrubbed from replies.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ksearch_eval::{Limits, Pool, Supervisor, WorkerSpec};
+use ksearch_search::{RunConfig, is_mlx};
+
+/// Where the `ksearch_mlx` package lives: `$KSEARCH_MLX_PATH`, else a `python/` folder holding
+/// it in the current directory or beside (an ancestor of) the executable. `None`: rely on an
+/// installed package.
+pub fn mlx_package_dir() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("KSEARCH_MLX_PATH") {
+        return Some(PathBuf::from(p));
+    }
+    let has = |d: &std::path::Path| d.join("ksearch_mlx").join("worker.py").is_file();
+    let here = PathBuf::from("python");
+    if has(&here) {
+        return std::fs::canonicalize(&here).ok();
+    }
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors().skip(1).map(|a| a.join("python")).find(|p| has(p))
+}
+
+/// The interpreter (`$KSEARCH_PYTHON`, default `python3`) and environment of the MLX worker.
+pub fn mlx_worker_command() -> Result<(PathBuf, Vec<(String, String)>)> {
+    let python = std::env::var("KSEARCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut env = vec![("PYTHONUNBUFFERED".to_string(), "1".to_string())];
+    if let Some(dir) = mlx_package_dir() {
+        let mut path = dir.display().to_string();
+        if let Ok(old) = std::env::var("PYTHONPATH")
+            && !old.is_empty()
+        {
+            path = format!("{path}:{old}");
+        }
+        env.push(("PYTHONPATH".into(), path));
+    }
+    Ok((PathBuf::from(python), env))
+}
+
+pub fn make_pool(cfg: &RunConfig) -> Result<Pool> {
+    let pool = make_pool_inner(cfg)?;
+    let keys = ksearch_search::llm_planner::settings_keys(cfg.llm.as_ref());
+    let mut pool = pool;
+    if !keys.is_empty() {
+        for w in &mut pool.workers {
+            w.scrub_also(&keys);
+        }
+    }
+    Ok(pool)
+}
+
+fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
+    let exe = std::env::current_exe().context("cannot find the ksearch executable")?;
+    let limits = Limits {
+        compile_timeout: Duration::from_secs_f64(cfg.compile_timeout_s),
+        run_timeout: Duration::from_secs_f64(cfg.run_timeout_s),
+        mem_limit_bytes: cfg.mem_limit_bytes,
+    };
+    let devices: Vec<usize> = if cfg.devices.is_empty() {
+        vec![0]
+    } else {
+        cfg.devices.clone()
+    };
+    let mut workers = Vec::new();
+    if is_mlx(&cfg.backend) {
+        let (program, env) = mlx_worker_command()?;
+        for d in devices {
+            let args = vec![
+                "-m".to_string(),
+                "ksearch_mlx.worker".into(),
+                "--backend".into(),
+                cfg.backend.clone(),
+                "--device".into(),
+                d.to_string(),
+                "--cache".into(),
+                cfg.cache_dir.join(&cfg.backend).display().to_string(),
+            ];
+            workers.push(Supervisor::new(
+                WorkerSpec {
+                    program: program.clone(),
+                    args,
+                    env: env.clone(),
+                },
+                limits,
+            ));
+        }
+        return Ok(Pool::new(workers));
+    }
+    for d in devices {
+        let mut args = vec![
+            "worker".to_string(),
+            "--backend".into(),
+            cfg.backend.clone(),
+            "--cache".into(),
+        ];
+        args.push(cfg.cache_dir.join(&cfg.backend).display().to_string());
+        if cfg.backend != "cpu" {
+            args.push("--device".into());
+            args.push(d.to_string());
+        } else {
+            args.push("--mem-limit".into());
+            args.push(cfg.mem_limit_bytes.to_string());
+        }
+        let mut env = Vec::new();
+        if cfg.backend == "cpu" && std::env::var("OMP_NUM_THREADS").is_err() {
+            let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            env.push(("OMP_NUM_THREADS".into(), n.to_string()));
+        }
+        workers.push(Supervisor::new(
+            WorkerSpec {
+                program: exe.clone(),
+                args,
+                env,
+            },
+            limits,
+        ));
+    }
+    Ok(Pool::new(workers))
+}

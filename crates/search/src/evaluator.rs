@@ -1,0 +1,36 @@
+//! What the engine evaluates with. Every evaluation of a run (the seed, search candidates and
+//! their re-timing, the final re-timing, held-out validation, native baselines) goes through
+//! one [`Evaluator`]; the worker pool of `ksearch-eval` is one, a scripted stand-in in the
+//! tests is another.
+
+use ksearch_core::protocol::{EvalReply, EvalRequest, FailureClass};
+use ksearch_eval::Pool;
+
+/// Compiles, checks and times candidates. Requests handed over together are independent: an
+/// evaluator may run them at the same time; replies come back in request order.
+pub trait Evaluator {
+    /// Evaluate every request; one reply per request, in order.
+    fn eval_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply>;
+    /// Time the back-end's native implementation on `req`'s workloads (the request's candidate
+    /// is the seed, for its signature); a back-end without one answers with a failure.
+    fn baseline(&mut self, req: &EvalRequest) -> EvalReply;
+    /// The device the evaluations run on, in words (e.g. `NVIDIA H200`).
+    fn device(&self) -> String;
+}
+
+impl Evaluator for Pool {
+    fn eval_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
+        Pool::eval_many(self, reqs)
+    }
+
+    fn baseline(&mut self, req: &EvalRequest) -> EvalReply {
+        match self.workers.first_mut() {
+            Some(w) => w.baseline(req),
+            None => EvalReply::failed(req.id, FailureClass::Infra, "no worker".to_string()),
+        }
+    }
+
+    fn device(&self) -> String {
+        self.workers.first().map(|w| w.device.clone()).unwrap_or_default()
+    }
+}

@@ -1,0 +1,522 @@
+//! The engine in process: a real SQLite store in a temporary folder, the real offline planner,
+//! and a scripted evaluator whose replies (times, failures, spreads) follow from the kernel
+//! text, its defines and the workload, so every outcome below is decided by the script.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use ksearch_core::data::Check;
+use ksearch_core::protocol::{EvalReply, EvalRequest, Failure, FailureClass, Timing, TimingReq, WorkloadResult};
+use ksearch_core::task::Task;
+use ksearch_core::tree::NodeStatus;
+use ksearch_search::planner::Offline;
+use ksearch_search::{Evaluator, Event, Parts, Report, RunConfig, RunEnd, Search, StopRules};
+use ksearch_store::Store;
+
+/// Two search shapes and one held-out shape; `fixed` is built per row length (`COLS == cols`,
+/// a shape-tied tunable) and has a free tunable `UNROLL`.
+const TASK: &str = r#"
+name = "shapes"
+description = "row softmax over two row lengths"
+reference = "softmax"
+axes = ["rows", "cols"]
+
+[[inputs]]
+name = "x"
+shape = ["rows", "cols"]
+dtype = "f32"
+
+[[outputs]]
+name = "y"
+shape = ["rows", "cols"]
+dtype = "f32"
+
+[tolerance]
+f32 = { atol = 1e-5, rtol = 1e-4 }
+
+[backends.cpu]
+search = [{ rows = 64, cols = 256 }, { rows = 32, cols = 512 }]
+heldout = [{ rows = 7, cols = 128 }]
+
+[backends.cpu.seed]
+file = "seed.cpp"
+entry = "softmax"
+
+[[backends.cpu.kernels]]
+name = "fixed"
+file = "fixed.cpp"
+entry = "softmax"
+constraints = ["COLS == cols"]
+[[backends.cpu.kernels.tunables]]
+name = "COLS"
+values = [128, 256, 512]
+default = 256
+pattern = "specialisation"
+[[backends.cpu.kernels.tunables]]
+name = "UNROLL"
+values = [1, 2, 4]
+default = 1
+pattern = "tiling"
+"#;
+
+/// What one evaluation of a candidate on one workload gives: a time in microseconds with its
+/// spread, or a failure.
+#[derive(Clone, Copy, Debug)]
+enum Says {
+    Time(f64, f64),
+    Fail(FailureClass),
+}
+
+/// What the script knows about a request: the kernel (by its text), its defines, the
+/// workload's axes, how often this exact build was evaluated (1: the first time) and whether
+/// the engine had announced its final phase.
+struct Call<'a> {
+    seed: bool,
+    defines: &'a BTreeMap<String, i64>,
+    cols: i64,
+    nth: usize,
+    finishing: bool,
+}
+
+type Rule = Box<dyn Fn(&Call) -> Says>;
+
+/// Shared view of what the evaluator was asked, for the assertions.
+#[derive(Default)]
+struct Log {
+    requests: Vec<EvalRequest>,
+    /// Sizes of the batches handed over.
+    batches: Vec<usize>,
+    /// Panic (a simulated kill) when this many requests have been answered.
+    kill_after: Option<usize>,
+    /// Panic on the first request once the engine says it is finishing.
+    kill_in_final: bool,
+    finishing: bool,
+}
+
+struct Scripted {
+    rule: Rule,
+    seen: BTreeMap<String, usize>,
+    log: Rc<RefCell<Log>>,
+}
+
+impl Scripted {
+    fn new(rule: impl Fn(&Call) -> Says + 'static) -> (Scripted, Rc<RefCell<Log>>) {
+        let log = Rc::new(RefCell::new(Log::default()));
+        (
+            Scripted {
+                rule: Box::new(rule),
+                seen: BTreeMap::new(),
+                log: log.clone(),
+            },
+            log,
+        )
+    }
+
+    fn one(&mut self, req: &EvalRequest) -> EvalReply {
+        {
+            let l = self.log.borrow();
+            if l.kill_after.is_some_and(|n| l.requests.len() >= n) || (l.kill_in_final && l.finishing) {
+                drop(l);
+                panic!("simulated kill of the search process");
+            }
+        }
+        self.log.borrow_mut().requests.push(req.clone());
+        let key = format!("{}|{:?}", req.candidate.source, req.candidate.defines);
+        let nth = {
+            let n = self.seen.entry(key).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let mut reply = EvalReply {
+            id: req.id,
+            ..EvalReply::default()
+        };
+        let finishing = self.log.borrow().finishing;
+        for w in &req.workloads {
+            let call = Call {
+                seed: req.candidate.source.contains("SEED"),
+                defines: &req.candidate.defines,
+                cols: w.axes["cols"],
+                nth,
+                finishing,
+            };
+            let mut r = WorkloadResult {
+                label: w.label.clone(),
+                axes: w.axes.clone(),
+                seed: w.seed,
+                check: Check::default(),
+                ..WorkloadResult::default()
+            };
+            match (self.rule)(&call) {
+                Says::Time(us, spread) => {
+                    r.timing = Some(Timing {
+                        median_us: us,
+                        min_us: us,
+                        spread,
+                        reps: req.timing.min_reps,
+                    })
+                }
+                Says::Fail(class) => {
+                    r.failure = Some(Failure {
+                        class,
+                        message: format!("scripted {class}"),
+                    })
+                }
+            }
+            reply.workloads.push(r);
+        }
+        reply
+    }
+}
+
+impl Evaluator for Scripted {
+    fn eval_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
+        self.log.borrow_mut().batches.push(reqs.len());
+        reqs.iter().map(|r| self.one(r)).collect()
+    }
+
+    fn baseline(&mut self, req: &EvalRequest) -> EvalReply {
+        EvalReply::failed(req.id, FailureClass::Launch, "no native implementation here")
+    }
+
+    fn device(&self) -> String {
+        "scripted device".into()
+    }
+}
+
+/// A shape-tied build that does not match its workload computes garbage.
+fn wrong_build(c: &Call) -> bool {
+    !c.seed && c.defines.get("COLS").is_some_and(|v| *v != c.cols)
+}
+
+/// The seed takes 100 us everywhere; `fixed` takes 100 / (UNROLL + 1) us when built for the
+/// workload's row length.
+fn plain(c: &Call) -> Says {
+    if c.seed {
+        return Says::Time(100.0, 0.01);
+    }
+    if wrong_build(c) {
+        return Says::Fail(FailureClass::Wrong);
+    }
+    Says::Time(100.0 / (c.defines["UNROLL"] + 1) as f64, 0.01)
+}
+
+struct Bench {
+    dir: tempfile::TempDir,
+    task: Task,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let t = dir.path().join("shapes");
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(t.join("task.toml"), TASK).unwrap();
+        std::fs::write(t.join("seed.cpp"), "// SEED\n").unwrap();
+        std::fs::write(t.join("fixed.cpp"), "// FIXED\n").unwrap();
+        let task = Task::load(&t.join("task.toml")).expect("task loads");
+        Bench { dir, task }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("store.db")
+    }
+
+    fn config(&self, rounds: u32, patience: u32) -> RunConfig {
+        RunConfig {
+            task: "shapes".into(),
+            task_path: self.task.dir.join("task.toml"),
+            backend: "cpu".into(),
+            planner: "offline".into(),
+            rounds,
+            patience,
+            seed: 1,
+            context: "full".into(),
+            workers: 1,
+            devices: vec![],
+            compile_timeout_s: 10.0,
+            run_timeout_s: 10.0,
+            mem_limit_bytes: 1 << 30,
+            timing: TimingReq {
+                warmup: 1,
+                min_reps: 5,
+                max_reps: 5,
+                target_ms: 1.0,
+                flush: false,
+            },
+            kb_dir: None,
+            cache_dir: self.dir.path().join("cache"),
+            llm: None,
+        }
+    }
+
+    /// A new run in the store, and a search over it.
+    fn search(&self, cfg: &RunConfig, ev: Scripted) -> (Search, Rc<RefCell<Vec<Event>>>) {
+        let store = Store::open(&self.db()).expect("store");
+        let run_id = store
+            .create_run("shapes", "cpu", "offline", 1, "", &serde_json::to_value(cfg).unwrap())
+            .unwrap();
+        self.attach(run_id, cfg, ev)
+    }
+
+    /// A search over run `run_id` of the store (to resume it).
+    fn attach(&self, run_id: i64, cfg: &RunConfig, ev: Scripted) -> (Search, Rc<RefCell<Vec<Event>>>) {
+        let store = Store::open(&self.db()).expect("store");
+        let log = ev.log.clone();
+        let mut s = Search::new(Parts {
+            store,
+            run_id,
+            cfg: cfg.clone(),
+            task: self.task.clone(),
+            evaluator: Box::new(ev),
+            kb: None,
+            profile: None,
+            planner: Box::new(Offline::default()),
+        });
+        let events = Rc::new(RefCell::new(Vec::new()));
+        let ev2 = events.clone();
+        s.on_event(move |e| {
+            if matches!(e, Event::Finishing { .. }) {
+                log.borrow_mut().finishing = true;
+            }
+            ev2.borrow_mut().push(e.clone())
+        });
+        (s, events)
+    }
+}
+
+fn finished(end: RunEnd) -> Report {
+    match end {
+        RunEnd::Finished(r) => *r,
+        RunEnd::Stopped { reason } => panic!("stopped instead of finishing: {reason}"),
+    }
+}
+
+fn stop(cfg: &RunConfig) -> StopRules {
+    StopRules::of(cfg, None)
+}
+
+fn purposes(db: &Path, run: i64) -> Vec<String> {
+    let store = Store::open(db).unwrap();
+    store.evaluations(run, None).unwrap().into_iter().map(|e| e.purpose).collect()
+}
+
+#[test]
+fn a_run_finds_the_fastest_build_and_validates_it_per_held_out_shape() {
+    let b = Bench::new();
+    let cfg = b.config(12, 12);
+    let (ev, log) = Scripted::new(plain);
+    let (mut s, _) = b.search(&cfg, ev);
+    let r = finished(s.run(stop(&cfg)).expect("run"));
+    assert_eq!(r.no_result(), None, "{r:?}");
+    let sp = r.speedup.expect("a verified figure");
+    assert!((sp - 5.0).abs() < 1e-9, "UNROLL=4 is 5x the seed: {sp}");
+    let held = r.heldout.as_ref().expect("validated");
+    assert!(held.passed, "held-out shape built with its own COLS: {held:?}");
+    // The held-out request carried the build for cols=128, not the searched one.
+    let log = log.borrow();
+    let held_req = log
+        .requests
+        .iter()
+        .rev()
+        .find(|q| q.workloads.iter().any(|w| w.axes["cols"] == 128) && !q.candidate.source.contains("SEED"))
+        .expect("a held-out request for the candidate");
+    assert_eq!(held_req.candidate.defines.get("COLS"), Some(&128));
+    assert_eq!(
+        held_req.candidate.defines.get("UNROLL"),
+        Some(&4),
+        "the searched tunable is kept"
+    );
+}
+
+#[test]
+fn a_new_best_is_timed_again_and_the_slower_reading_counts() {
+    let b = Bench::new();
+    let cfg = b.config(3, 10);
+    // The first reading of every candidate build is four times too fast.
+    let (ev, _) = Scripted::new(|c| match plain(c) {
+        Says::Time(us, s) if !c.seed && c.nth == 1 => Says::Time(us / 4.0, s),
+        other => other,
+    });
+    let (mut s, _) = b.search(&cfg, ev);
+    finished(s.run(stop(&cfg)).expect("run"));
+    let p = purposes(&b.db(), s.run_id());
+    assert!(p.iter().any(|x| x == "retime"), "a new best was re-timed: {p:?}");
+    for n in s
+        .tree()
+        .nodes
+        .values()
+        .filter(|n| n.parent.is_some() && n.status == NodeStatus::Solved)
+    {
+        let sp = n.speedup.unwrap();
+        assert!(sp < 6.0, "node {} kept its too-fast first reading: {sp}", n.id);
+    }
+}
+
+#[test]
+fn the_answer_is_chosen_by_the_final_re_timing_not_the_search() {
+    let b = Bench::new();
+    // Four rounds: the adoption (2x), a row-length change (2x), UNROLL 2 (3x), UNROLL 4 (5x).
+    let cfg = b.config(4, 12);
+    // In the search UNROLL=4 looks best; once re-timed at the end it is slower than UNROLL=2.
+    let (ev, _) = Scripted::new(|c| match (plain(c), c.defines.get("UNROLL")) {
+        (Says::Time(_, s), Some(4)) if c.finishing => Says::Time(60.0, s),
+        (other, _) => other,
+    });
+    let (mut s, _) = b.search(&cfg, ev);
+    let r = finished(s.run(stop(&cfg)).expect("run"));
+    let best = s.tree().get(r.best_node.expect("a best")).unwrap().clone();
+    assert_eq!(r.retimed.len(), 3, "{:?}", r.retimed);
+    assert!(
+        r.retimed.iter().any(|t| t.search.unwrap() > 4.5),
+        "the in-search 5x candidate was re-timed: {:?}",
+        r.retimed
+    );
+    assert!(
+        r.search_speedup.unwrap() < 4.5,
+        "the in-search 5x candidate was not chosen: {best:?}"
+    );
+    let sp = r.speedup.unwrap();
+    assert!((sp - 3.0).abs() < 1e-9, "UNROLL=2 re-times at 3x: {sp}");
+    assert_eq!(
+        r.retimed[0].node, best.id,
+        "the re-timed ranking comes first: {:?}",
+        r.retimed
+    );
+}
+
+#[test]
+fn a_best_no_faster_than_the_seed_once_re_timed_is_no_result() {
+    let b = Bench::new();
+    let cfg = b.config(6, 12);
+    // Everything is fast in the search and as slow as the seed at the end.
+    let (ev, _) = Scripted::new(|c| match plain(c) {
+        Says::Time(_, s) if !c.seed && c.finishing => Says::Time(100.0, s),
+        other => other,
+    });
+    let (mut s, _) = b.search(&cfg, ev);
+    let r = finished(s.run(stop(&cfg)).expect("run"));
+    let why = r.no_result().expect("no result");
+    assert!(why.contains("once re-timed"), "{why}");
+    let row = s.store().run(s.run_id()).unwrap();
+    assert_eq!(row.status, "done_no_result");
+}
+
+#[test]
+fn the_round_budget_stops_the_search() {
+    let b = Bench::new();
+    let cfg = b.config(2, 50);
+    let (ev, _) = Scripted::new(plain);
+    let (mut s, _) = b.search(&cfg, ev);
+    let r = finished(s.run(stop(&cfg)).expect("run"));
+    assert_eq!(r.stop_reason, "round budget reached");
+    assert_eq!(r.rounds, 2);
+}
+
+#[test]
+fn patience_stops_a_search_without_new_bests() {
+    let b = Bench::new();
+    let cfg = b.config(50, 3);
+    // Every candidate is slower than the seed: no new best ever.
+    let (ev, _) = Scripted::new(|c| {
+        if c.seed {
+            Says::Time(100.0, 0.01)
+        } else {
+            Says::Time(150.0, 0.01)
+        }
+    });
+    let (mut s, _) = b.search(&cfg, ev);
+    let r = finished(s.run(stop(&cfg)).expect("run"));
+    assert_eq!(r.stop_reason, "plateau: no new best in 3 rounds");
+    assert_eq!(r.rounds, 3);
+    assert!(r.no_result().is_some());
+}
+
+#[test]
+fn a_spent_time_budget_stops_before_the_first_round() {
+    let b = Bench::new();
+    let cfg = b.config(50, 50);
+    let (ev, _) = Scripted::new(plain);
+    let (mut s, _) = b.search(&cfg, ev);
+    let r = finished(s.run(StopRules::of(&cfg, Some(Duration::ZERO))).expect("run"));
+    assert!(r.stop_reason.starts_with("time budget"), "{}", r.stop_reason);
+    assert_eq!(r.rounds, 0);
+}
+
+#[test]
+fn the_final_phase_hands_its_evaluations_over_in_batches() {
+    let b = Bench::new();
+    let cfg = b.config(12, 12);
+    let (ev, log) = Scripted::new(plain);
+    let (mut s, _) = b.search(&cfg, ev);
+    finished(s.run(stop(&cfg)).expect("run"));
+    let log = log.borrow();
+    // The last batches are the final phase's: the re-timing of the best three with the seed,
+    // then held-out validation (seed and candidate, each shape's build) in one.
+    assert!(
+        log.batches.iter().any(|n| *n >= 6),
+        "the final re-timing of three candidates and the seed is one batch: {:?}",
+        log.batches
+    );
+}
+
+/// Run until the scripted kill, then resume over the same store with a healthy evaluator.
+fn killed_then_resumed(kill: impl FnOnce(&mut Log)) -> (Bench, i64, Report, Vec<Event>) {
+    let b = Bench::new();
+    let cfg = b.config(8, 50);
+    let (ev, log) = Scripted::new(plain);
+    kill(&mut log.borrow_mut());
+    let (mut s, _) = b.search(&cfg, ev);
+    let run_id = s.run_id();
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.run(stop(&cfg))));
+    assert!(died.is_err(), "the scripted kill happened");
+    drop(s);
+    let (ev, _) = Scripted::new(plain);
+    let (mut s, events) = b.attach(run_id, &cfg, ev);
+    let r = finished(s.resume(stop(&cfg)).expect("resume"));
+    let events = events.borrow().clone();
+    (b, run_id, r, events)
+}
+
+#[test]
+fn resume_after_a_kill_while_the_seed_ran() {
+    let (b, run_id, r, _) = killed_then_resumed(|l| l.kill_after = Some(0));
+    assert_eq!(r.no_result(), None, "{r:?}");
+    let p = purposes(&b.db(), run_id);
+    assert_eq!(p.iter().filter(|x| *x == "seed").count(), 1, "{p:?}");
+    assert_eq!(r.rounds, 8);
+}
+
+#[test]
+fn resume_after_a_kill_in_a_round() {
+    // The seed, then a few rounds, then the kill in the middle of one.
+    let (b, run_id, r, events) = killed_then_resumed(|l| l.kill_after = Some(4));
+    assert!(
+        events.iter().any(|e| matches!(e, Event::Resumed { round, .. } if *round > 0)),
+        "{events:?}"
+    );
+    assert_eq!(r.no_result(), None, "{r:?}");
+    assert_eq!(r.rounds, 8, "the round counter went on");
+    let store = Store::open(&b.db()).unwrap();
+    let nodes = store.nodes(run_id).unwrap();
+    assert!(nodes.iter().all(|n| n.status != NodeStatus::Running));
+    assert!(
+        nodes.iter().any(|n| n.attempts == 2),
+        "the node running at the kill was tried again"
+    );
+}
+
+#[test]
+fn resume_after_a_kill_in_the_final_phase() {
+    let (b, run_id, r, events) = killed_then_resumed(|l| l.kill_in_final = true);
+    assert_eq!(r.no_result(), None, "{r:?}");
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Round { .. })),
+        "no round after the search had ended: {events:?}"
+    );
+    let row = Store::open(&b.db()).unwrap().run(run_id).unwrap();
+    assert_eq!(row.status, "done");
+}
