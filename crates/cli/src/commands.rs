@@ -76,6 +76,10 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
             heldout,
         ),
         Cmd::Log { run, node, full } => log(g, run, node, full),
+        Cmd::Report { run, output, watch } => {
+            let fc = file_config(g)?;
+            crate::report::run(&store_path(g, &fc), kb_dir(g, &fc).as_deref(), run, &output, watch)
+        }
         Cmd::Kb(k) => crate::kb_cmd::run(k),
         Cmd::NvrtcCheck { task, arch, max_configs } => nvrtc_check(g, task.as_deref(), &arch, max_configs),
     }
@@ -723,7 +727,7 @@ fn runs(g: &Global) -> Result<i32> {
 /// A run's status and figure for the list: the verified figure when the run has its final
 /// report (a run whose re-timed best is not a result says so), else the in-search figure,
 /// labelled as such.
-fn run_figure(status: &str, search_best: Option<f64>, report: Option<&Report>) -> (String, String) {
+pub(crate) fn run_figure(status: &str, search_best: Option<f64>, report: Option<&Report>) -> (String, String) {
     let x = |v: Option<f64>| v.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into());
     match report {
         Some(rep) => {

@@ -9,6 +9,7 @@ mod driver;
 mod kb_cmd;
 mod llm_planner;
 mod planner;
+mod report;
 mod torch_export;
 
 use clap::{Args, Parser, Subcommand};
@@ -148,6 +149,17 @@ enum Cmd {
         /// Where to write the module.
         #[arg(short, long)]
         output: PathBuf,
+    },
+    /// Write a run's report as one self-contained HTML page (tree, plots, failures, LLM calls).
+    Report {
+        run: i64,
+        /// The HTML file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Rewrite the page every few seconds while the run is running (the page reloads
+        /// itself), once more when it ends, then exit.
+        #[arg(long)]
+        watch: bool,
     },
     /// Evaluate one kernel file against the task's seed.
     Bench {
