@@ -34,18 +34,45 @@ fn send(out: &mut std::fs::File, r: &Reply) -> bool {
     }
 }
 
-/// End this process when the search process that started it is gone (re-parented), even while
-/// a kernel hangs: no worker outlives its search. Its runner, if any, follows through its own
-/// parent-death signal.
+/// End this process, and every process of its group, as soon as the search that started it is
+/// gone, even while a kernel hangs or a device call never returns: no worker outlives its
+/// search. Two signs, watched by one thread that sleeps in `poll` between them: the request
+/// channel (stdin) hangs up, which is what a worker started through a launcher such as `srun`
+/// sees (its parent is the launcher's daemon, not the search); or this process is re-parented.
+/// The worker's own children (a compiler) go with its process group when it leads one; its
+/// runner, in a session of its own, follows through its parent-death signal.
 fn watch_parent() {
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
     std::thread::spawn(move || {
+        #[cfg(target_os = "linux")]
+        let hangup_events = libc::POLLRDHUP;
+        #[cfg(not(target_os = "linux"))]
+        let hangup_events = 0;
+        let mut watch_stdin = true;
         loop {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            // SAFETY: as above; _exit ends the process at once.
-            if unsafe { libc::getppid() } != parent {
-                unsafe { libc::_exit(4) };
+            let mut fd = libc::pollfd {
+                fd: if watch_stdin { 0 } else { -1 },
+                events: hangup_events,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; a negative fd is ignored by poll (a plain sleep).
+            let n = unsafe { libc::poll(&mut fd, 1, 100) };
+            let hung_up = n > 0 && fd.revents & (libc::POLLHUP | libc::POLLERR | hangup_events) != 0;
+            if n > 0 && fd.revents & libc::POLLNVAL != 0 {
+                // No stdin to watch (closed at start): the parent alone tells.
+                watch_stdin = false;
+            }
+            // SAFETY: as above.
+            if hung_up || unsafe { libc::getppid() } != parent {
+                // SAFETY: signals to this process's own group only when it leads one (else
+                // the group is someone else's); _exit ends the process at once.
+                unsafe {
+                    if libc::getpgrp() == libc::getpid() {
+                        libc::kill(0, libc::SIGKILL);
+                    }
+                    libc::_exit(4);
+                }
             }
         }
     });
