@@ -126,8 +126,13 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
             }
             Request::Eval(req) => {
                 let id = req.id;
-                let reply = {
+                let arrived = std::time::Instant::now();
+                let mut compiled_after: Option<f64> = None;
+                let mut reply = {
                     let mut progress = |stage: &str| {
+                        if stage == "compiled" && compiled_after.is_none() {
+                            compiled_after = Some(arrived.elapsed().as_secs_f64());
+                        }
                         send(
                             &mut out_clone(&out),
                             &Reply::Progress {
@@ -138,6 +143,11 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
                     };
                     backend.eval(&req, &mut progress)
                 };
+                // Compile time as the worker saw it: from the request to a loaded candidate
+                // (the whole request when it never got that far).
+                if reply.compile_s == 0.0 {
+                    reply.compile_s = compiled_after.unwrap_or_else(|| arrived.elapsed().as_secs_f64());
+                }
                 if !send(&mut out, &Reply::Eval(Box::new(reply))) {
                     return 3;
                 }
