@@ -300,6 +300,9 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
     if let Some(v) = &f.devices {
         cfg.devices = v.clone();
     }
+    if let Some(v) = f.workers {
+        cfg.workers = v;
+    }
     if cfg.backend == "cuda" && cfg.devices.is_empty() {
         // One worker per GPU found.
         cfg.devices = (0..ksearch_eval::cuda::cuda_device_count().max(1)).collect();
@@ -514,6 +517,7 @@ fn drive(s: &mut Search, budget: Option<Duration>) -> Result<i32> {
     }
     let report = s.finish(&reason)?;
     print_report(&report);
+    println!("{}", s.pool.accounting().line(s.started.elapsed().as_secs_f64()));
     if reason.starts_with("time budget") {
         println!(
             "run {} stopped on its time budget; continue with `ksearch resume {} --time-budget <duration>`",

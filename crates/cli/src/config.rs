@@ -29,7 +29,8 @@ pub struct RunSection {
     pub tasks_dir: Option<PathBuf>,
     pub kb_dir: Option<PathBuf>,
     pub context: String,
-    /// Workers (devices) to use; 0 = one per device found.
+    /// Worker processes per device; 0 = the back-end's default (3 per GPU, at most the CPU
+    /// count; 1 on the cpu back-end, whose measurements use the cores a compile would).
     pub workers: u32,
 }
 

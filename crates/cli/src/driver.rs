@@ -141,7 +141,11 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
         }
         return Ok(Pool::new(workers));
     }
-    for d in devices {
+    // Several workers per device, interleaved (one of each device, then the next).
+    let per_device = workers_per_device(&cfg.backend, cfg.workers, devices.len());
+    let mut of_device = Vec::new();
+    for d in (0..per_device).flat_map(|_| devices.iter().copied()) {
+        of_device.push(d);
         let mut args = vec![
             "worker".to_string(),
             "--backend".into(),
@@ -170,7 +174,24 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
             limits,
         ));
     }
-    Ok(Pool::new(workers))
+    Ok(Pool::with_devices(workers, of_device))
+}
+
+/// Worker processes per device: `configured` when above 0, else 3 per GPU (at most the CPU
+/// count shared over the devices) and 1 on the CPU back-end (its measurements run on the cores
+/// a compile would use). The MLX worker serves one per device (it takes no device lock).
+pub fn workers_per_device(backend: &str, configured: u32, devices: usize) -> usize {
+    if is_mlx(backend) {
+        return 1;
+    }
+    if configured > 0 {
+        return configured as usize;
+    }
+    if backend == "cpu" {
+        return 1;
+    }
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    (cpus / devices.max(1)).clamp(1, 3)
 }
 
 macro_rules! ctx {
@@ -453,22 +474,31 @@ impl Search {
             return self.evaluate(cand, heldout);
         }
         let mut merged = EvalReply::default();
-        let mut wall = 0.0;
-        for (defs, ws) in groups {
-            let mut c = cand.clone();
-            c.defines = defs.clone();
-            let req = self.request_for(&c, &ws, heldout as u64, false);
-            let t = Instant::now();
-            let r = self.pool.eval_many(std::slice::from_ref(&req)).pop().unwrap_or_default();
-            wall += t.elapsed().as_secs_f64();
+        // One request per build, evaluated at once on the pool's workers.
+        let reqs: Vec<(BTreeMap<String, i64>, EvalRequest)> = groups
+            .into_iter()
+            .map(|(defs, ws)| {
+                let mut c = cand.clone();
+                c.defines = defs.clone();
+                (defs, self.request_for(&c, &ws, heldout as u64, false))
+            })
+            .collect();
+        let t = Instant::now();
+        let replies = self.pool.eval_many(&reqs.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>());
+        let wall = t.elapsed().as_secs_f64();
+        for ((defs, req), r) in reqs.into_iter().zip(replies) {
             merged.id = req.id;
-            if merged.failure.is_none() {
+            if merged.failure.is_none() || r.infra() {
                 merged.failure = r.failure.clone();
             }
             merged.compile.log.push_str(&r.compile.log);
             merged.compile.seconds += r.compile.seconds;
             merged.kernel_s += r.kernel_s;
             merged.overhead_s += r.overhead_s;
+            merged.compile_s += r.compile_s;
+            merged.device_s += r.device_s;
+            merged.lock_wait_s += r.lock_wait_s;
+            merged.device_spans.extend(r.device_spans.iter().copied());
             merged.resources = r.resources.clone();
             merged.workloads.extend(r.workloads.into_iter().map(|mut w| {
                 w.defines = Some(defs.clone());
@@ -482,6 +512,19 @@ impl Search {
             .workloads
             .sort_by_key(|w| order.iter().position(|l| *l == w.label).unwrap_or(usize::MAX));
         (merged, wall)
+    }
+
+    /// An evaluation whose failure is the machine's (`infra`) is tried once more.
+    fn evaluate_retrying_infra(&mut self, mut eval: impl FnMut(&mut Self) -> (EvalReply, f64)) -> (EvalReply, f64) {
+        let (r, w) = eval(self);
+        if !r.infra() {
+            return (r, w);
+        }
+        self.log(&format!(
+            "infrastructure failure, trying once more: {}",
+            r.failure.as_ref().map(|f| first_line(&f.message)).unwrap_or_default()
+        ));
+        eval(self)
     }
 
     /// Static rules of the translation layer, before any compile.
@@ -604,7 +647,12 @@ impl Search {
             0,
         );
         root.id = self.store.insert_node(self.run_id, &root)?;
-        let (reply, wall) = self.evaluate(&cand, false);
+        let (reply, wall) = self.evaluate_retrying_infra(|s| s.evaluate(&cand, false));
+        if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
+            let why = format!("infrastructure failure (not the seed's): {}", first_line(&f.message));
+            self.store.set_run_status(self.run_id, "stopped", Some(&why))?;
+            bail!("{why}");
+        }
         let key = self.store.put_candidate("seed", &cand)?;
         root.candidate = Some(key.clone());
         root.round_evaluated = Some(0);
@@ -773,8 +821,25 @@ impl Search {
         }
         let (reply, wall) = match self.static_check(&cand) {
             Some(f) => (EvalReply::failed(self.evals, f.class, f.message), 0.0),
-            None => self.evaluate_search(&cand, &kernel),
+            None => self.evaluate_retrying_infra(|s| s.evaluate_search(&cand, &kernel)),
         };
+        if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
+            // Not the candidate's failure: the node stays open (the round undone) and the run
+            // stops, so that a resume tries it again once the machine is fixed.
+            let why = format!("infrastructure failure (not the candidate's): {}", first_line(&f.message));
+            let n = self.tree.nodes.get_mut(&id).expect("node");
+            n.status = NodeStatus::Open;
+            n.attempts = n.attempts.saturating_sub(1);
+            let snapshot = n.clone();
+            self.round -= 1;
+            let r = self.round;
+            self.store.atomic(|s| {
+                s.update_node(&snapshot)?;
+                s.set_run_round(rid, r)?;
+                s.set_run_status(rid, "stopped", Some(&why))
+            })?;
+            bail!("{why}; fix it, then continue with `ksearch resume {rid}`");
+        }
         self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup)?;
         Ok(true)
     }

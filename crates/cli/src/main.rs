@@ -70,6 +70,10 @@ pub struct RunFlags {
     /// Devices to use (CUDA), e.g. 0,1. Default: every device found.
     #[arg(long, value_delimiter = ',')]
     pub devices: Option<Vec<usize>>,
+    /// Worker processes per device: they compile at the same time and measure one at a time
+    /// (default: 3 per GPU, at most the CPU count; 1 on the cpu back-end).
+    #[arg(long)]
+    pub workers: Option<u32>,
     /// Time-out for compiling one candidate, e.g. 120s.
     #[arg(long)]
     pub compile_timeout: Option<String>,
