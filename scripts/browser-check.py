@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check a `ksearch report` page in a real headless Chromium (driven by Playwright).
 
-    browser-check.py REPORT.html [--nodes N] [--evaluations N] [--screenshot out.png]
+    browser-check.py REPORT.html [--nodes N] [--evaluations N] [--screenshot out.png [--height PX | --full-page]]
 
 Loads the page from file:// with the network blocked and fails (exit 1, one line per problem)
 when the console logs an error or the page throws, when the number of tree nodes shown differs
@@ -23,6 +23,7 @@ def main() -> int:
     ap.add_argument("--evaluations", type=int, help="evaluations plotted (default: the page's)")
     ap.add_argument("--screenshot", help="write a PNG of the page here")
     ap.add_argument("--full-page", action="store_true", help="the whole page in the screenshot, not the top")
+    ap.add_argument("--height", type=int, default=900, help="height of the window in pixels (width 1280)")
     a = ap.parse_args()
 
     chromium = os.environ.get("KSEARCH_CHROMIUM", "/usr/bin/chromium")
@@ -45,7 +46,7 @@ def main() -> int:
             profile,
             executable_path=chromium,
             headless=True,
-            viewport={"width": 1280, "height": 900},
+            viewport={"width": 1280, "height": a.height},
             args=[
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",

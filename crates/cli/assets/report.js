@@ -53,25 +53,30 @@
     return { x: e.intensity, y: e.gflops, e: e };
   });
   var datasets = [{
-    label: "candidates",
+    label: "candidates (triangle: the seed)",
     data: pts,
-    backgroundColor: pts.map(function (p) { return p.e.purpose === "seed" ? "#888" : "#1f6fb4"; }),
-    pointRadius: 4
+    backgroundColor: "#1f6fb4",
+    borderColor: "#1f6fb4",
+    pointStyle: pts.map(function (p) { return p.e.purpose === "seed" ? "triangle" : "circle"; }),
+    pointRadius: pts.map(function (p) { return p.e.purpose === "seed" ? 6 : 4; })
   }];
   var xs = pts.map(function (p) { return p.x; });
-  var ys = pts.map(function (p) { return p.y; });
-  if (data.roofs && data.roofs.bandwidth_gbs > 0 && data.roofs.peak_gflops > 0) {
-    var bw = data.roofs.bandwidth_gbs, peak = data.roofs.peak_gflops, ridge = peak / bw;
-    var lo = Math.min.apply(null, xs.concat([ridge])) / 4, hi = Math.max.apply(null, xs.concat([ridge])) * 4;
-    datasets.push({
-      label: "roofs: " + bw + " GB/s, " + peak + " GFLOP/s (" + data.roofs.profile + ")",
-      data: [{ x: lo, y: bw * lo }, { x: ridge, y: peak }, { x: hi, y: peak }],
-      showLine: true,
-      borderColor: "#d0453a",
-      pointRadius: 0,
-      fill: false
+  var roofColours = ["#d0453a", "#7b3fb0"];
+  if (data.roofs && data.roofs.bandwidth_gbs > 0) {
+    var bw = data.roofs.bandwidth_gbs;
+    data.roofs.peaks.forEach(function (p, i) {
+      var peak = p.gflops, ridge = peak / bw;
+      var lo = Math.min.apply(null, xs.concat([ridge])) / 4, hi = Math.max.apply(null, xs.concat([ridge])) * 4;
+      datasets.push({
+        label: (i === 0 ? bw + " GB/s, " : "") + peak + " GFLOP/s " + p.dtype + " (" + data.roofs.profile + ")",
+        data: [{ x: lo, y: bw * lo }, { x: ridge, y: peak }, { x: hi, y: peak }],
+        showLine: true,
+        borderColor: roofColours[i % 2],
+        backgroundColor: roofColours[i % 2],
+        pointRadius: 0,
+        fill: false
+      });
     });
-    ys.push(peak);
   }
   if (data.roofs && data.roofs.measured_bandwidth_gbs > 0) {
     var mbw = data.roofs.measured_bandwidth_gbs;
@@ -81,6 +86,7 @@
       data: [{ x: mlo, y: mbw * mlo }, { x: mhi, y: mbw * mhi }],
       showLine: true,
       borderColor: "#e0a030",
+      backgroundColor: "#e0a030",
       borderDash: [6, 4],
       pointRadius: 0,
       fill: false
@@ -91,14 +97,17 @@
     var l = Math.log10(v);
     return Math.abs(l - Math.round(l)) < 1e-9 ? (v >= 1 ? v.toLocaleString("en") : v.toPrecision(1)) : "";
   }
+  function decadeGrid(ctx) {
+    return ctx.tick && decades(ctx.tick.value) !== "" ? "rgba(0,0,0,0.12)" : "rgba(0,0,0,0.03)";
+  }
   window.ksearchCharts["chart-roofline"] = new Chart(document.getElementById("chart-roofline"), {
     type: "scatter",
     data: { datasets: datasets },
     options: {
       maintainAspectRatio: false,
       scales: {
-        x: { type: "logarithmic", ticks: { callback: decades, autoSkip: false, maxRotation: 0 }, title: { display: true, text: "arithmetic intensity (flop/byte)" } },
-        y: { type: "logarithmic", ticks: { callback: decades, autoSkip: false }, title: { display: true, text: "achieved throughput (GFLOP/s)" } }
+        x: { type: "logarithmic", grid: { color: decadeGrid }, ticks: { callback: decades, autoSkip: false, maxRotation: 0 }, title: { display: true, text: "arithmetic intensity (flop/byte)" } },
+        y: { type: "logarithmic", grid: { color: decadeGrid }, ticks: { callback: decades, autoSkip: false }, title: { display: true, text: "achieved throughput (GFLOP/s)" } }
       },
       plugins: {
         tooltip: { callbacks: { label: function (c) {

@@ -149,6 +149,30 @@ fn failure_of(r: &EvalReply) -> Option<(String, String)> {
         })
 }
 
+/// The compute roofs drawn (GFLOP/s): the profile's f32 peak, and its highest peak (tensor
+/// units, narrow types) when that is another.
+fn compute_roofs(p: &ksearch_kb::Profile) -> Vec<(String, f64)> {
+    let mut v = Vec::new();
+    if let Some(f) = p.peak_tflops.get("f32") {
+        v.push(("f32".to_string(), f * 1e3));
+    }
+    if let Some((d, t)) = p.peak_tflops.iter().max_by(|a, b| a.1.total_cmp(b.1))
+        && v.first().is_none_or(|(_, g)| t * 1e3 > *g)
+    {
+        v.push((d.clone(), t * 1e3));
+    }
+    v
+}
+
+/// A figure without a needless `.0`.
+fn num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
 /// The copy bandwidth a CPU worker measured and put in its device name (`… copy 15.1 GB/s)`).
 fn measured_copy_gbs(device: &str) -> Option<f64> {
     let rest = &device[device.find("copy ")? + 5..];
@@ -232,18 +256,11 @@ fn collect(store: &Store, row: &RunRow, kb: Option<&ksearch_kb::Kb>, report: Opt
 
     let roofs = kb.map(|kb| {
         let (p, _) = kb.detect(&row.backend, &row.device);
-        let (dtype, tflops) = p
-            .peak_tflops
-            .iter()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(d, t)| (d.clone(), *t))
-            .unwrap_or_default();
         json!({
             "profile": p.name,
             "display_name": p.display_name,
             "bandwidth_gbs": p.mem_bandwidth_gbs,
-            "peak_gflops": tflops * 1e3,
-            "peak_dtype": dtype,
+            "peaks": compute_roofs(p).iter().map(|(d, g)| json!({"dtype": d, "gflops": g})).collect::<Vec<_>>(),
             "measured_bandwidth_gbs": measured_copy_gbs(&row.device),
         })
     });
@@ -398,14 +415,27 @@ fn roofline_section(h: &mut String, d: &Data) {
     h.push_str("<section id=\"roofline\"><h2>Roofline</h2>\n");
     match d.json.get("roofs").filter(|r| !r.is_null()) {
         Some(r) => {
+            let peaks: Vec<String> = r["peaks"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|p| {
+                            format!(
+                                "{} GFLOP/s ({})",
+                                num(p["gflops"].as_f64().unwrap_or(0.0)),
+                                esc(p["dtype"].as_str().unwrap_or(""))
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             let _ = writeln!(
                 h,
-                "<p class=\"note\">Each evaluated candidate that passed: arithmetic intensity (the task's flops over its bytes, summed over the search workloads) against achieved throughput (those flops over the summed median times). Roofs of the hardware profile <code>{}</code> ({}): memory bandwidth {} GB/s, peak {} GFLOP/s ({}).</p>",
+                "<p class=\"note\">Each evaluated candidate that passed: arithmetic intensity (the task's flops over its bytes, summed over the search workloads) against achieved throughput (those flops over the summed median times). Roofs of the hardware profile <code>{}</code> ({}): memory bandwidth {} GB/s; peak {}.</p>",
                 esc(r["profile"].as_str().unwrap_or("")),
                 esc(r["display_name"].as_str().unwrap_or("")),
-                r["bandwidth_gbs"],
-                r["peak_gflops"],
-                esc(r["peak_dtype"].as_str().unwrap_or(""))
+                num(r["bandwidth_gbs"].as_f64().unwrap_or(0.0)),
+                peaks.join(", ")
             );
             if let Some(m) = r["measured_bandwidth_gbs"].as_f64() {
                 let _ = writeln!(
@@ -611,6 +641,22 @@ mod tests {
         assert_eq!(super::measured_copy_gbs("AMD EPYC (2 threads, copy 15.1 GB/s)"), Some(15.1));
         assert_eq!(super::measured_copy_gbs("NVIDIA H200"), None);
         assert_eq!(super::measured_copy_gbs("copy x GB/s"), None);
+    }
+
+    #[test]
+    fn roofs_are_the_f32_peak_and_the_highest() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kb/profiles");
+        let h200 = ksearch_kb::Profile::load(&dir.join("h200.toml")).unwrap();
+        let top = h200.peak_tflops.values().copied().fold(0.0, f64::max);
+        let roofs = super::compute_roofs(&h200);
+        assert_eq!(roofs.len(), 2, "{roofs:?}");
+        assert_eq!(roofs[0], ("f32".to_string(), h200.peak_tflops["f32"] * 1e3));
+        assert_eq!(roofs[1].1, top * 1e3);
+        let cpu = ksearch_kb::Profile::load(&dir.join("cpu.toml")).unwrap();
+        assert_eq!(
+            super::compute_roofs(&cpu),
+            vec![("f32".to_string(), cpu.peak_tflops["f32"] * 1e3)]
+        );
     }
 
     #[test]
