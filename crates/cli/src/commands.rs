@@ -276,6 +276,7 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
                     .map(|p| p.join("cache"))
                     .unwrap_or_else(|| PathBuf::from(".ksearch/cache")),
                 llm: fc.llm.as_ref().map(serde_json::to_value).transpose()?,
+                launcher: crate::config::launcher(fc, None)?,
             }
         }
     };
@@ -296,6 +297,9 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
             bail!("--context must be none, generic or full (got `{v}`)");
         }
         cfg.context = v.clone();
+    }
+    if f.launcher.is_some() {
+        cfg.launcher = crate::config::launcher(fc, f.launcher.as_deref())?;
     }
     if let Some(v) = &f.devices {
         cfg.devices = v.clone();

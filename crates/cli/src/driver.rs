@@ -39,6 +39,9 @@ pub struct RunConfig {
     /// LLM settings (no secrets: only the name of the key's environment variable).
     #[serde(default)]
     pub llm: Option<serde_json::Value>,
+    /// How workers are started (local child processes, or Slurm job steps).
+    #[serde(default)]
+    pub launcher: ksearch_eval::Launcher,
 }
 
 #[allow(dead_code)]
@@ -130,14 +133,17 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
                 "--cache".into(),
                 cfg.cache_dir.join(&cfg.backend).display().to_string(),
             ];
-            workers.push(Supervisor::new(
-                WorkerSpec {
-                    program: program.clone(),
-                    args,
-                    env: env.clone(),
-                },
-                limits,
-            ));
+            workers.push(
+                Supervisor::new(
+                    WorkerSpec {
+                        program: program.clone(),
+                        args,
+                        env: env.clone(),
+                    },
+                    limits,
+                )
+                .launched_by(cfg.launcher.clone(), true),
+            );
         }
         return Ok(Pool::new(workers));
     }
@@ -165,14 +171,17 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
             let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
             env.push(("OMP_NUM_THREADS".into(), n.to_string()));
         }
-        workers.push(Supervisor::new(
-            WorkerSpec {
-                program: exe.clone(),
-                args,
-                env,
-            },
-            limits,
-        ));
+        workers.push(
+            Supervisor::new(
+                WorkerSpec {
+                    program: exe.clone(),
+                    args,
+                    env,
+                },
+                limits,
+            )
+            .launched_by(cfg.launcher.clone(), cfg.backend != "cpu"),
+        );
     }
     Ok(Pool::with_devices(workers, of_device))
 }

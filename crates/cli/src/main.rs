@@ -74,6 +74,10 @@ pub struct RunFlags {
     /// (default: 3 per GPU, at most the CPU count; 1 on the cpu back-end).
     #[arg(long)]
     pub workers: Option<u32>,
+    /// How workers are started: local (child processes) or slurm (one `srun` job step each,
+    /// see `[run.slurm]` and docs/launchers.md).
+    #[arg(long)]
+    pub launcher: Option<String>,
     /// Time-out for compiling one candidate, e.g. 120s.
     #[arg(long)]
     pub compile_timeout: Option<String>,

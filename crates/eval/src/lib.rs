@@ -15,7 +15,7 @@ pub mod task_ref;
 pub mod worker;
 
 pub use pool::Pool;
-pub use supervisor::{Limits, Supervisor, WorkerSpec};
+pub use supervisor::{Launcher, Limits, Supervisor, WorkerSpec};
 
 use ksearch_core::protocol::{EvalReply, EvalRequest};
 

@@ -13,6 +13,71 @@ use ksearch_core::protocol::{EvalReply, EvalRequest, FailureClass, Reply, Reques
 
 use crate::common::signal_name;
 
+/// Where and how a worker process is started. Workers speak JSON lines over their standard
+/// input and output, so a launcher only has to carry those: the worker is the same program
+/// either way.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Launcher {
+    /// A child process of the search, on this machine.
+    #[default]
+    Local,
+    /// One Slurm job step per worker: `srun --ntasks=1 --nodes=1 [--gres=gpu:1] ARGS -- worker…`
+    /// (the GPU request for back-ends on a GPU). The worker program's path must exist on the
+    /// node Slurm picks (a shared installation, or the same path everywhere).
+    Slurm {
+        /// The `srun` program.
+        #[serde(default = "default_srun")]
+        srun: String,
+        /// Further `srun` arguments, e.g. `--partition=gpu`, `--time=2:00:00`.
+        #[serde(default)]
+        args: Vec<String>,
+    },
+}
+
+fn default_srun() -> String {
+    "srun".into()
+}
+
+impl Launcher {
+    /// The launcher's name, as configured (`local`, `slurm`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Launcher::Local => "local",
+            Launcher::Slurm { .. } => "slurm",
+        }
+    }
+
+    /// The program and arguments that start `spec` through this launcher. `gpu`: the worker
+    /// needs a GPU of its own.
+    pub fn command(&self, spec: &WorkerSpec, gpu: bool) -> (PathBuf, Vec<String>) {
+        match self {
+            Launcher::Local => (spec.program.clone(), spec.args.clone()),
+            Launcher::Slurm { srun, args } => {
+                let mut a = vec![
+                    "--ntasks=1".to_string(),
+                    "--nodes=1".into(),
+                    "--job-name=ksearch-worker".into(),
+                ];
+                if gpu {
+                    a.push("--gres=gpu:1".into());
+                }
+                a.extend(args.iter().cloned());
+                a.push("--".into());
+                a.push(spec.program.display().to_string());
+                // Slurm hands the step the GPU it granted as CUDA_VISIBLE_DEVICES: inside it,
+                // that GPU is device 0 whichever device the search counted it as.
+                let mut device_next = false;
+                for x in &spec.args {
+                    a.push(if gpu && device_next { "0".into() } else { x.clone() });
+                    device_next = x == "--device";
+                }
+                (PathBuf::from(srun), a)
+            }
+        }
+    }
+}
+
 /// How to start a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
@@ -50,6 +115,9 @@ struct Running {
 
 pub struct Supervisor {
     spec: WorkerSpec,
+    launcher: Launcher,
+    /// The worker needs a GPU of its own (a launcher requests one).
+    gpu: bool,
     limits: Limits,
     worker: Option<Running>,
     /// Workers started so far (1 + restarts).
@@ -74,6 +142,8 @@ impl Supervisor {
     pub fn new(spec: WorkerSpec, limits: Limits) -> Supervisor {
         Supervisor {
             spec,
+            launcher: Launcher::Local,
+            gpu: false,
             limits,
             worker: None,
             starts: 0,
@@ -83,6 +153,18 @@ impl Supervisor {
             isolation: None,
             scrubber: crate::scrub::Scrubber::from_env(&[]),
         }
+    }
+
+    /// Start the worker through `launcher` (`gpu`: it needs a GPU of its own).
+    pub fn launched_by(mut self, launcher: Launcher, gpu: bool) -> Supervisor {
+        self.launcher = launcher;
+        self.gpu = gpu;
+        self
+    }
+
+    /// How the worker is started.
+    pub fn launcher(&self) -> &Launcher {
+        &self.launcher
     }
 
     /// Also scrub the values of these variables (configured key variables) from replies.
@@ -95,14 +177,18 @@ impl Supervisor {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let mut cmd = Command::new(&self.spec.program);
+        let (program, args) = self.launcher.command(&self.spec, self.gpu);
+        let mut cmd = Command::new(&program);
         // The worker sees only the allow-listed environment (never a key) and leads a process
         // group of its own so it can be killed whole. (It watches its parent itself, see
         // `worker::serve`: a parent-death signal would fire when the *thread* that started it
         // ends, and workers are restarted from the pool's short-lived threads.)
-        cmd.args(&self.spec.args)
+        // A launcher's own variables (Slurm's) reach the launcher; it passes them on to the
+        // worker, which is harmless: none is a secret.
+        cmd.args(&args)
             .env_clear()
             .envs(crate::scrub::worker_env())
+            .envs(crate::scrub::launcher_env(&self.launcher))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -117,9 +203,14 @@ impl Supervisor {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start worker {}: {e}", self.spec.program.display()))?;
+        let mut child = cmd.spawn().map_err(|e| match self.launcher {
+            Launcher::Local => format!("cannot start worker {}: {e}", program.display()),
+            _ => format!(
+                "cannot start worker through {} ({}): {e}",
+                self.launcher.name(),
+                program.display()
+            ),
+        })?;
         let stdin = child.stdin.take().ok_or("worker has no stdin")?;
         let stdout = child.stdout.take().ok_or("worker has no stdout")?;
         let stderr = child.stderr.take().ok_or("worker has no stderr")?;
@@ -210,6 +301,23 @@ impl Supervisor {
 
     fn kill(&mut self) -> Option<std::process::ExitStatus> {
         let mut w = self.worker.take()?;
+        if !matches!(self.launcher, Launcher::Local) {
+            // The worker runs under the launcher's daemon, out of reach of a signal to the
+            // local process group: ask the launcher to end its step (srun passes SIGTERM on
+            // to the worker and ends the step), then kill what is left here. A worker whose
+            // launcher is gone anyway sees its request channel hang up and ends itself.
+            // SAFETY: a signal to our own child.
+            unsafe {
+                libc::kill(w.child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(st)) = w.child.try_wait() {
+                    return Some(st);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         // SAFETY: the worker leads its own process group: kill it whole.
         unsafe {
             libc::kill(-(w.child.id() as libc::pid_t), libc::SIGKILL);
@@ -405,6 +513,68 @@ fn last_lines(s: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Through Slurm a worker is one srun task on one node, with a GPU of its own where it
+    /// needs one (then device 0 of its step); locally it is the program itself.
+    #[test]
+    fn launchers_wrap_the_worker_command() {
+        let spec = WorkerSpec {
+            program: "/opt/ksearch".into(),
+            args: ["worker", "--backend", "cuda", "--device", "3"].map(String::from).to_vec(),
+            env: vec![],
+        };
+        assert_eq!(
+            Launcher::Local.command(&spec, true),
+            ("/opt/ksearch".into(), spec.args.clone())
+        );
+        let slurm = Launcher::Slurm {
+            srun: "/usr/bin/srun".into(),
+            args: vec!["--partition=gpu".into()],
+        };
+        let (p, a) = slurm.command(&spec, true);
+        assert_eq!(p, PathBuf::from("/usr/bin/srun"));
+        assert_eq!(
+            a.join(" "),
+            "--ntasks=1 --nodes=1 --job-name=ksearch-worker --gres=gpu:1 --partition=gpu -- /opt/ksearch worker --backend cuda --device 0"
+        );
+        let (_, a) = slurm.command(&spec, false);
+        assert!(!a.iter().any(|x| x.starts_with("--gres")) && a.ends_with(&["--device".into(), "3".into()]));
+        // The configuration's spelling.
+        let l: Launcher = serde_json::from_str(r#"{"kind":"slurm"}"#).unwrap();
+        assert_eq!(
+            l,
+            Launcher::Slurm {
+                srun: "srun".into(),
+                args: vec![]
+            }
+        );
+    }
+
+    /// A launcher that cannot be started is one line naming it.
+    #[test]
+    fn a_missing_launcher_is_named() {
+        let mut s = Supervisor::new(
+            WorkerSpec {
+                program: "/bin/true".into(),
+                args: vec![],
+                env: vec![],
+            },
+            Limits::default(),
+        )
+        .launched_by(
+            Launcher::Slurm {
+                srun: "/nonexistent/srun".into(),
+                args: vec![],
+            },
+            false,
+        );
+        let e = s.start().unwrap_err();
+        assert!(
+            e.starts_with("cannot start worker through slurm (/nonexistent/srun): "),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+    }
 
     /// A worker sees no key: the environment it starts with is the allow-list only.
     #[test]

@@ -78,6 +78,22 @@ fn watch_parent() {
     });
 }
 
+/// What the worker says about its containment, plus the Slurm job step it runs in when a
+/// launcher started it through `srun` (the search keeps Slurm's variables from workers it
+/// starts itself), so a run's header shows where its workers ran.
+fn with_launch(isolation: Option<String>) -> Option<String> {
+    let Ok(job) = std::env::var("SLURM_JOB_ID") else {
+        return isolation;
+    };
+    let step = std::env::var("SLURM_STEP_ID").unwrap_or_else(|_| "?".into());
+    let node = std::env::var("SLURMD_NODENAME").unwrap_or_else(|_| "?".into());
+    let slurm = format!("Slurm job {job} step {step} on {node}");
+    Some(match isolation {
+        Some(i) if !i.is_empty() => format!("{i}; {slurm}"),
+        _ => slurm,
+    })
+}
+
 /// Serve requests until stdin closes or a `shutdown` arrives. Returns the exit code.
 pub fn serve(backend: &mut dyn Backend) -> i32 {
     watch_parent();
@@ -88,7 +104,7 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernels: None,
-        isolation: backend.isolation(),
+        isolation: with_launch(backend.isolation()),
     };
     if !send(&mut out, &hello) {
         return 3;
