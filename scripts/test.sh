@@ -47,6 +47,8 @@ export KSEARCH_REQUIRE_BROWSER=1
 
 echo "== cargo test =="
 cargo test --workspace --no-fail-fast
+echo "== Slurm launcher on a one-node Slurm (slurm-wlm, munge) =="
+KSEARCH_REQUIRE_SLURM=1 bash scripts/slurm-test.sh
 
 if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
     echo "== Metal sources: rules and syntax =="
