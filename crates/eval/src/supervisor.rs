@@ -78,6 +78,34 @@ impl Launcher {
     }
 }
 
+/// End a worker process (the launcher's process, for a launched one) and reap it.
+fn end_worker(launcher: &Launcher, child: &mut Child) -> Option<std::process::ExitStatus> {
+    if !matches!(launcher, Launcher::Local) {
+        // The worker runs under the launcher's daemon, out of reach of a signal to the local
+        // process group: ask the launcher to end its step (srun passes SIGTERM on to the
+        // worker and ends the step, or withdraws a job still queued), then kill what is left
+        // here. A worker whose launcher is gone anyway sees its request channel hang up and
+        // ends itself.
+        // SAFETY: a signal to our own child.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // SAFETY: the worker (or its launcher) leads its own process group: kill it whole.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+    }
+    let _ = child.kill();
+    child.wait().ok()
+}
+
 /// How to start a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
@@ -268,8 +296,7 @@ impl Supervisor {
                 }
                 Err(_) => {
                     let exited = matches!(w.child.try_wait(), Ok(Some(_)));
-                    let _ = w.child.kill();
-                    let _ = w.child.wait();
+                    end_worker(&self.launcher, &mut w.child);
                     std::thread::sleep(Duration::from_millis(20));
                     let err = w.stderr.lock().map(|v| v.join("\n")).unwrap_or_default();
                     let tail = last_lines(&err, 5);
@@ -277,6 +304,12 @@ impl Supervisor {
                         tail
                     } else if exited {
                         "it exited without a word".to_string()
+                    } else if let Launcher::Slurm { .. } = self.launcher {
+                        format!(
+                            "no greeting within {:.1} s (the compile time-out, which also bounds the wait in \
+                             Slurm's queue: was the job still pending? see squeue)",
+                            self.limits.compile_timeout.as_secs_f64()
+                        )
                     } else {
                         format!(
                             "no greeting within {:.1} s (the compile time-out; is it too short?)",
@@ -301,29 +334,7 @@ impl Supervisor {
 
     fn kill(&mut self) -> Option<std::process::ExitStatus> {
         let mut w = self.worker.take()?;
-        if !matches!(self.launcher, Launcher::Local) {
-            // The worker runs under the launcher's daemon, out of reach of a signal to the
-            // local process group: ask the launcher to end its step (srun passes SIGTERM on
-            // to the worker and ends the step), then kill what is left here. A worker whose
-            // launcher is gone anyway sees its request channel hang up and ends itself.
-            // SAFETY: a signal to our own child.
-            unsafe {
-                libc::kill(w.child.id() as libc::pid_t, libc::SIGTERM);
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(st)) = w.child.try_wait() {
-                    return Some(st);
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        // SAFETY: the worker leads its own process group: kill it whole.
-        unsafe {
-            libc::kill(-(w.child.id() as libc::pid_t), libc::SIGKILL);
-        }
-        let _ = w.child.kill();
-        w.child.wait().ok()
+        end_worker(&self.launcher, &mut w.child)
     }
 
     fn stderr_tail(&self) -> String {
@@ -400,7 +411,10 @@ impl Supervisor {
                     }
                 },
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Some(rss) = rss_bytes(pid) {
+                    // A launched worker's memory is out of sight here (`pid` is its launcher):
+                    // the launcher limits it (e.g. srun --mem).
+                    let local = matches!(self.launcher, Launcher::Local);
+                    if let Some(rss) = rss_bytes(pid).filter(|_| local) {
                         peak_rss = peak_rss.max(rss);
                         if rss > self.limits.mem_limit_bytes {
                             self.kill();
@@ -484,8 +498,7 @@ impl Supervisor {
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            let _ = w.child.kill();
-            let _ = w.child.wait();
+            end_worker(&self.launcher, &mut w.child);
         }
     }
 }
