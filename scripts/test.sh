@@ -31,8 +31,24 @@ PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh
 echo "== NVRTC compile check of the hostile CUDA fixtures (run on the GPU by scripts/hostile-suite.py) =="
 PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
 
+# The report's browser check (crates/cli/tests/report.rs, scripts/browser-check.py): Playwright
+# in the test environment, driving Debian's Chromium (Playwright's own browser download is not used).
+echo "== Browser check: Playwright and Chromium =="
+"$KSEARCH_PYTHON" -m pip install -q playwright==1.65.2
+if [[ ! -x /usr/bin/chromium ]]; then
+    if [[ $(id -u) -eq 0 ]]; then
+        apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+    else
+        echo "error: /usr/bin/chromium is missing: install Debian's chromium package (sudo apt-get install chromium), then run this again" >&2
+        exit 2
+    fi
+fi
+export KSEARCH_REQUIRE_BROWSER=1
+
 echo "== cargo test =="
 cargo test --workspace --no-fail-fast
+echo "== Slurm launcher on a one-node Slurm (slurm-wlm, munge) =="
+KSEARCH_REQUIRE_SLURM=1 bash scripts/slurm-test.sh
 
 if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
     echo "== Metal sources: rules and syntax =="

@@ -79,6 +79,10 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
             heldout,
         ),
         Cmd::Log { run, node, full } => log(g, run, node, full),
+        Cmd::Report { run, output, watch } => {
+            let fc = file_config(g)?;
+            crate::report::run(&store_path(g, &fc), kb_dir(g, &fc).as_deref(), run, &output, watch)
+        }
         Cmd::Kb(k) => crate::kb_cmd::run(k),
         Cmd::NvrtcCheck { task, arch, max_configs } => nvrtc_check(g, task.as_deref(), &arch, max_configs),
     }
@@ -275,6 +279,7 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
                     .map(|p| p.join("cache"))
                     .unwrap_or_else(|| PathBuf::from(".ksearch/cache")),
                 llm: fc.llm.as_ref().map(serde_json::to_value).transpose()?,
+                launcher: crate::config::launcher(fc, None)?,
             }
         }
     };
@@ -296,8 +301,14 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
         }
         cfg.context = v.clone();
     }
+    if f.launcher.is_some() {
+        cfg.launcher = crate::config::launcher(fc, f.launcher.as_deref())?;
+    }
     if let Some(v) = &f.devices {
         cfg.devices = v.clone();
+    }
+    if let Some(v) = f.workers {
+        cfg.workers = v;
     }
     if cfg.backend == "cuda" && cfg.devices.is_empty() {
         // One worker per GPU found.
@@ -527,6 +538,9 @@ fn conclude(s: &Search, end: Result<RunEnd>, pb: &indicatif::ProgressBar) -> Res
         }
         RunEnd::Finished(report) => {
             print_report(&report);
+            if let Some(line) = s.cost_line() {
+                println!("{line}");
+            }
             if report.stop_reason.starts_with("time budget") {
                 println!(
                     "run {run_id} stopped on its time budget; continue with `ksearch resume {run_id} --time-budget <duration>`"
@@ -665,7 +679,7 @@ fn runs(g: &Global) -> Result<i32> {
 /// A run's status and figure for the list: the verified figure when the run has its final
 /// report (a run whose re-timed best is not a result says so), else the in-search figure,
 /// labelled as such.
-fn run_figure(status: &str, search_best: Option<f64>, report: Option<&Report>) -> (String, String) {
+pub(crate) fn run_figure(status: &str, search_best: Option<f64>, report: Option<&Report>) -> (String, String) {
     let x = |v: Option<f64>| v.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into());
     match report {
         Some(rep) => {

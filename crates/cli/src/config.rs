@@ -29,8 +29,47 @@ pub struct RunSection {
     pub tasks_dir: Option<PathBuf>,
     pub kb_dir: Option<PathBuf>,
     pub context: String,
-    /// Workers (devices) to use; 0 = one per device found.
+    /// Worker processes per device; 0 = the back-end's default (3 per GPU, at most the CPU
+    /// count; 1 on the cpu back-end, whose measurements use the cores a compile would).
     pub workers: u32,
+    /// How workers are started: `local` (child processes) or `slurm` (`srun`, see `[run.slurm]`).
+    pub launcher: String,
+    pub slurm: SlurmSection,
+}
+
+/// `[run.slurm]`: the `srun` program and the arguments it is given for every worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmSection {
+    pub srun: String,
+    pub args: Vec<String>,
+}
+
+impl Default for SlurmSection {
+    fn default() -> Self {
+        SlurmSection {
+            srun: "srun".into(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// The launcher of a run: `flag` (`--launcher`) over `[run] launcher`, with `[run.slurm]`.
+pub fn launcher(fc: &FileConfig, flag: Option<&str>) -> Result<ksearch_eval::Launcher> {
+    match flag.unwrap_or(&fc.run.launcher) {
+        "local" => Ok(ksearch_eval::Launcher::Local),
+        "slurm" => {
+            let s = &fc.run.slurm;
+            if s.srun.trim().is_empty() {
+                bail!("[run.slurm] srun is empty (the srun program, e.g. \"srun\")");
+            }
+            Ok(ksearch_eval::Launcher::Slurm {
+                srun: s.srun.clone(),
+                args: s.args.clone(),
+            })
+        }
+        other => bail!("unknown launcher `{other}` (use local or slurm)"),
+    }
 }
 
 impl Default for RunSection {
@@ -47,6 +86,8 @@ impl Default for RunSection {
             kb_dir: None,
             context: "full".into(),
             workers: 0,
+            launcher: "local".into(),
+            slurm: SlurmSection::default(),
         }
     }
 }
@@ -149,5 +190,19 @@ mod tests {
         assert!(parse_bytes("4 parsecs").is_err());
         assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
         assert!(parse_duration("soon").is_err());
+    }
+    #[test]
+    fn launchers() {
+        let fc: FileConfig = toml::from_str("[run]\nlauncher = \"slurm\"\n[run.slurm]\nargs = [\"--partition=gpu\"]\n").unwrap();
+        assert_eq!(
+            launcher(&fc, None).unwrap(),
+            ksearch_eval::Launcher::Slurm {
+                srun: "srun".into(),
+                args: vec!["--partition=gpu".into()]
+            }
+        );
+        assert_eq!(launcher(&fc, Some("local")).unwrap(), ksearch_eval::Launcher::Local);
+        let e = launcher(&fc, Some("ray")).unwrap_err().to_string();
+        assert_eq!(e, "unknown launcher `ray` (use local or slurm)");
     }
 }

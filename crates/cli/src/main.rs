@@ -7,6 +7,7 @@ mod commands;
 mod config;
 mod kb_cmd;
 mod pool;
+mod report;
 mod torch_export;
 
 use clap::{Args, Parser, Subcommand};
@@ -67,6 +68,14 @@ pub struct RunFlags {
     /// Devices to use (CUDA), e.g. 0,1. Default: every device found.
     #[arg(long, value_delimiter = ',')]
     pub devices: Option<Vec<usize>>,
+    /// Worker processes per device: they compile at the same time and measure one at a time
+    /// (default: 3 per GPU, at most the CPU count; 1 on the cpu back-end).
+    #[arg(long)]
+    pub workers: Option<u32>,
+    /// How workers are started: local (child processes) or slurm (one `srun` job step each,
+    /// see `[run.slurm]` and docs/launchers.md).
+    #[arg(long)]
+    pub launcher: Option<String>,
     /// Time-out for compiling one candidate, e.g. 120s.
     #[arg(long)]
     pub compile_timeout: Option<String>,
@@ -146,6 +155,17 @@ enum Cmd {
         /// Where to write the module.
         #[arg(short, long)]
         output: PathBuf,
+    },
+    /// Write a run's report as one self-contained HTML page (tree, plots, failures, LLM calls).
+    Report {
+        run: i64,
+        /// The HTML file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Rewrite the page every few seconds while the run is running (the page reloads
+        /// itself), once more when it ends, then exit.
+        #[arg(long)]
+        watch: bool,
     },
     /// Evaluate one kernel file against the task's seed.
     Bench {

@@ -78,18 +78,25 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
                 "--cache".into(),
                 cfg.cache_dir.join(&cfg.backend).display().to_string(),
             ];
-            workers.push(Supervisor::new(
-                WorkerSpec {
-                    program: program.clone(),
-                    args,
-                    env: env.clone(),
-                },
-                limits,
-            ));
+            workers.push(
+                Supervisor::new(
+                    WorkerSpec {
+                        program: program.clone(),
+                        args,
+                        env: env.clone(),
+                    },
+                    limits,
+                )
+                .launched_by(cfg.launcher.clone(), true),
+            );
         }
         return Ok(Pool::new(workers));
     }
-    for d in devices {
+    // Several workers per device, interleaved (one of each device, then the next).
+    let per_device = workers_per_device(&cfg.backend, cfg.workers, devices.len());
+    let mut of_device = Vec::new();
+    for d in (0..per_device).flat_map(|_| devices.iter().copied()) {
+        of_device.push(d);
         let mut args = vec![
             "worker".to_string(),
             "--backend".into(),
@@ -109,14 +116,34 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
             let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
             env.push(("OMP_NUM_THREADS".into(), n.to_string()));
         }
-        workers.push(Supervisor::new(
-            WorkerSpec {
-                program: exe.clone(),
-                args,
-                env,
-            },
-            limits,
-        ));
+        workers.push(
+            Supervisor::new(
+                WorkerSpec {
+                    program: exe.clone(),
+                    args,
+                    env,
+                },
+                limits,
+            )
+            .launched_by(cfg.launcher.clone(), cfg.backend != "cpu"),
+        );
     }
-    Ok(Pool::new(workers))
+    Ok(Pool::with_devices(workers, of_device))
+}
+
+/// Worker processes per device: `configured` when above 0, else 3 per GPU (at most the CPU
+/// count shared over the devices) and 1 on the CPU back-end (its measurements run on the cores
+/// a compile would use). The MLX worker serves one per device (it takes no device lock).
+pub fn workers_per_device(backend: &str, configured: u32, devices: usize) -> usize {
+    if is_mlx(backend) {
+        return 1;
+    }
+    if configured > 0 {
+        return configured as usize;
+    }
+    if backend == "cpu" {
+        return 1;
+    }
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    (cpus / devices.max(1)).clamp(1, 3)
 }

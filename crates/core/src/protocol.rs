@@ -196,7 +196,9 @@ pub enum FailureClass {
     BelowFloor,
     /// The launch itself was refused (bad configuration, resources over the device limits).
     Launch,
-    /// The worker or the machine failed, not the candidate.
+    /// The worker or the machine failed, not the candidate (a compiler or a CUDA library
+    /// missing, the compile cache's disk full, a worker that cannot start): never booked on
+    /// the candidate; the search stops and a resume tries the candidate again.
     Infra,
     /// The candidate changed one of its inputs.
     MutatedInput,
@@ -372,9 +374,27 @@ pub struct EvalReply {
     pub overhead_s: f64,
     #[serde(default)]
     pub kernel_s: f64,
+    /// Seconds from the request's arrival to a loaded candidate (compiling, or taking it from
+    /// the cache, and loading it), measured by the worker. Absent (0) from older workers.
+    #[serde(default)]
+    pub compile_s: f64,
+    /// Seconds the worker held the device's lock (its measured phase: runs, checks, timing).
+    #[serde(default)]
+    pub device_s: f64,
+    /// Seconds the worker waited for the device's lock (another worker was measuring).
+    #[serde(default)]
+    pub lock_wait_s: f64,
+    /// When the worker held the device's lock: `[from, to]` in seconds of the machine's
+    /// monotonic clock (`CLOCK_MONOTONIC`, shared by every process of one machine).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_spans: Vec<[f64; 2]>,
 }
 
 impl EvalReply {
+    /// Whether the evaluation as a whole failed for a reason outside the candidate.
+    pub fn infra(&self) -> bool {
+        self.failure.as_ref().is_some_and(|f| f.class == FailureClass::Infra)
+    }
     pub fn ok(&self) -> bool {
         self.failure.is_none() && self.workloads.iter().all(|w| w.failure.is_none() && w.check.passed())
     }

@@ -364,3 +364,91 @@ pub fn check_outputs_parallel(
     }
     (c, None)
 }
+
+/// Seconds of the machine's monotonic clock (`CLOCK_MONOTONIC`): one clock for every process
+/// of the machine, so spans reported by different workers can be compared.
+pub fn monotonic_s() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given and nothing else.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// The measurement lock of one device: an exclusive `flock` on
+/// `<cache>/locks/<backend>-<device>.lock`, held by a worker only while it runs a candidate on
+/// the device (runs, checks, timing), never while it compiles or draws inputs. Several worker
+/// processes of one device thus compile at the same time and measure one at a time. The
+/// kernel releases the lock when its holder dies, so a crashed worker never leaves it taken.
+#[derive(Debug)]
+pub struct DeviceLock {
+    path: std::path::PathBuf,
+    file: Option<std::fs::File>,
+}
+
+/// What one hold of the lock cost and when it began.
+#[derive(Debug, Clone, Copy)]
+pub struct Hold {
+    pub waited_s: f64,
+    pub from: f64,
+}
+
+impl DeviceLock {
+    pub fn new(cache: &std::path::Path, backend: &str, device: usize) -> DeviceLock {
+        DeviceLock {
+            path: cache.join("locks").join(format!("{backend}-{device}.lock")),
+            file: None,
+        }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Wait for the lock (opening its file the first time). An error is the machine's, not a
+    /// candidate's (`infra`).
+    pub fn acquire(&mut self) -> Result<Hold, String> {
+        use std::os::fd::AsRawFd;
+        if self.file.is_none() {
+            if let Some(dir) = self.path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("cannot create the device lock folder {}: {e}", dir.display()))?;
+            }
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(&self.path)
+                .map_err(|e| format!("cannot open the device lock {}: {e}", self.path.display()))?;
+            self.file = Some(f);
+        }
+        let fd = self.file.as_ref().map(|f| f.as_raw_fd()).unwrap_or(-1);
+        let t0 = monotonic_s();
+        loop {
+            // SAFETY: flock on a descriptor this value owns.
+            if unsafe { libc::flock(fd, libc::LOCK_EX) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(format!("cannot lock {}: {e}", self.path.display()));
+            }
+        }
+        let from = monotonic_s();
+        Ok(Hold {
+            waited_s: from - t0,
+            from,
+        })
+    }
+
+    /// Release the lock taken by `acquire`; the span it was held, `[from, to]`.
+    pub fn release(&mut self, hold: Hold) -> [f64; 2] {
+        use std::os::fd::AsRawFd;
+        let to = monotonic_s();
+        if let Some(f) = &self.file {
+            // SAFETY: flock on a descriptor this value owns.
+            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+        }
+        [hold.from, to]
+    }
+}

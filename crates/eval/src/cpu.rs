@@ -25,6 +25,8 @@ pub struct CpuBackend {
     mem_limit: u64,
     /// What the runner's sandbox achieved on this machine (probed at start).
     isolation: String,
+    /// The measurement lock of the machine's cores, shared with the other CPU workers.
+    lock: crate::common::DeviceLock,
 }
 
 pub const CPU_FLAGS: &[&str] = &["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17"];
@@ -35,6 +37,7 @@ impl CpuBackend {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         // A reference the task brings is compiled into the same verified cache.
         crate::task_ref::set_cache_dir(cache.clone());
+        let lock = crate::common::DeviceLock::new(&cache, "cpu", 0);
         let mut b = CpuBackend {
             cache,
             compiler,
@@ -44,8 +47,15 @@ impl CpuBackend {
             threads,
             mem_limit: 8 << 30,
             isolation: String::new(),
+            lock,
         };
+        // Measured while no other worker measures (a lock that cannot be taken is reported by
+        // the first evaluation).
+        let hold = b.lock.acquire().ok();
         b.copy_gbs = b.measure_copy();
+        if let Some(h) = hold {
+            b.lock.release(h);
+        }
         b.isolation = match runner_exe() {
             Ok(exe) => sandbox::probe(&exe),
             Err(_) => "unknown".into(),
@@ -147,6 +157,15 @@ pub(crate) fn compile_cached(
     );
     if !out.status.success() {
         let _ = std::fs::remove_file(&tmp);
+        // The compiler could not write its output: the cache's disk is full, not the candidate
+        // wrong (the log alone could be the candidate's `#error`; the free space decides).
+        if log.contains("No space left on device") && free_bytes(cache).is_some_and(|b| b < FULL_DISK_BYTES) {
+            return Err(infra(format!(
+                "the compile cache's disk is full ({}): {}",
+                cache.display(),
+                first_lines(&log, 3)
+            )));
+        }
         return Err(Failure {
             class: FailureClass::Compile,
             message: first_lines(&log, 30),
@@ -237,6 +256,24 @@ fn sha256_hex(parts: &[&[u8]], bytes: usize) -> String {
     h.finalize().iter().take(bytes).map(|b| format!("{b:02x}")).collect()
 }
 
+/// Below this much free space, a compiler's "No space left on device" is the disk's fault.
+const FULL_DISK_BYTES: u64 = 64 << 20;
+
+/// Bytes free for unprivileged writers on the filesystem holding `path`.
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes the struct it is given; `c` is NUL-terminated.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return None;
+        }
+        Some(st.f_bavail as u64 * st.f_frsize as u64)
+    }
+}
+
+/// A failure of the machine, not the candidate's.
 fn infra(message: String) -> Failure {
     Failure {
         class: FailureClass::Infra,
@@ -308,7 +345,9 @@ impl Backend for CpuBackend {
         };
         reply.overhead_s += t.elapsed().as_secs_f64();
         progress("compiled");
-        judge_request(&mut dev, req, progress, &mut reply);
+        let mut lock = std::mem::replace(&mut dev.backend.lock, crate::common::DeviceLock::new(Path::new(""), "cpu", 0));
+        judge_request(&mut dev, req, progress, &mut reply, &mut lock);
+        dev.backend.lock = lock;
         reply.resources = Resources::default();
         reply
     }

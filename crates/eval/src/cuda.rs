@@ -703,6 +703,8 @@ pub struct CudaBackend {
     modules: BTreeMap<String, sys::CUmodule>,
     refmod: Option<sys::CUmodule>,
     host_ref_max_flops: f64,
+    /// This device's measurement lock, shared with the other workers of the device.
+    lock: crate::common::DeviceLock,
 }
 
 fn dev_attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32, String> {
@@ -765,6 +767,7 @@ impl CudaBackend {
         }
         let flush_bytes = (2 * l2_bytes).max(64 << 20);
         let flush = DevBuf::alloc(flush_bytes).map_err(|e| format!("cannot allocate the L2 flush buffer: {}", drv_err(e)))?;
+        let lock = crate::common::DeviceLock::new(&cache, "cuda", ordinal);
         let mut b = CudaBackend {
             ordinal,
             cache,
@@ -784,8 +787,13 @@ impl CudaBackend {
             modules: BTreeMap::new(),
             refmod: None,
             host_ref_max_flops: HOST_REFERENCE_MAX_FLOPS,
+            lock,
         };
-        b.copy_bps = b.measure_copy().map_err(|e| format!("measuring copy bandwidth: {e}"))?;
+        // Measured while no other worker of the device measures.
+        let hold = b.lock.acquire()?;
+        let copy = b.measure_copy();
+        b.lock.release(hold);
+        b.copy_bps = copy.map_err(|e| format!("measuring copy bandwidth: {e}"))?;
         Ok(b)
     }
 
@@ -1138,6 +1146,14 @@ impl CudaBackend {
             });
             return reply;
         }
+        // NVRTC missing (or broken) is the machine's failure, not the candidate's.
+        if let Err(e) = nvrtc_version() {
+            reply.failure = Some(Failure {
+                class: FailureClass::Infra,
+                message: e,
+            });
+            return reply;
+        }
         let c = &req.candidate;
         let arch = candidate_arch(self.cc, &c.source, &c.options);
         let opts = nvrtc_options(&arch, &candidate_defines(&req.task, &c.defines), &extra_flags(&c.options));
@@ -1201,6 +1217,8 @@ impl CudaBackend {
             reply.resources.stack_bytes = func_attr(*f, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES).map(|v| v as u64);
         }
         progress("compiled");
+        let placeholder = crate::common::DeviceLock::new(&self.cache, "cuda", self.ordinal);
+        let mut lock = std::mem::replace(&mut self.lock, placeholder);
         let mut dev = CudaDevice {
             be: self,
             req,
@@ -1213,7 +1231,8 @@ impl CudaBackend {
             sbufs: Vec::new(),
             args: Vec::new(),
         };
-        judge_request(&mut dev, req, progress, &mut reply);
+        judge_request(&mut dev, req, progress, &mut reply, &mut lock);
+        self.lock = lock;
         reply
     }
 }

@@ -139,10 +139,10 @@ struct Seen {
     what: &'static str,
 }
 
-/// Evaluate the candidate (already loaded in `dev`) on workload `index` of the request.
-/// `kernel_s` accumulates the seconds the candidate ran.
+/// Evaluate the candidate (already loaded in `dev`) on workload `index` of the request, with
+/// the input pools drawn for it. `kernel_s` accumulates the seconds the candidate ran.
 #[allow(clippy::too_many_arguments)]
-pub fn judge_workload(
+fn judge_workload(
     dev: &mut dyn Device,
     task: &Task,
     backend: &str,
@@ -150,6 +150,7 @@ pub fn judge_workload(
     w: &WorkloadReq,
     timing: &TimingReq,
     check_only: bool,
+    pools: Vec<Pool>,
     kernel_s: &mut f64,
 ) -> Result<WorkloadResult, Stop> {
     let mut res = WorkloadResult {
@@ -158,7 +159,6 @@ pub fn judge_workload(
         seed: w.seed,
         ..WorkloadResult::default()
     };
-    let pools = make_pools(task, backend, w).map_err(|e| Stop::fail(FailureClass::Infra, e))?;
     let outs = crate::common::output_specs(task, backend, w).map_err(|e| Stop::fail(FailureClass::Infra, e))?;
     let dims: Vec<i64> = task.axes.iter().map(|a| w.axes.get(a).copied().unwrap_or(0)).collect();
     let in_bytes: Vec<usize> = pools.iter().map(|p| p.len * p.dtype.size()).collect();
@@ -347,19 +347,40 @@ fn check_outputs_poisoned(
 }
 
 /// The evaluation of every workload of a request on a loaded candidate, in order. A fatal
-/// stop ends the evaluation: the remaining workloads are not run.
+/// stop ends the evaluation: the remaining workloads are not run. Each workload's inputs are
+/// drawn first; then the device's `lock` is held while the candidate runs, is checked and
+/// timed on it (`reply.device_s`, `lock_wait_s`, `device_spans` account for it).
 pub fn judge_request(
     dev: &mut dyn Device,
     req: &ksearch_core::protocol::EvalRequest,
     progress: &mut dyn FnMut(&str),
     reply: &mut ksearch_core::protocol::EvalReply,
+    lock: &mut crate::common::DeviceLock,
 ) {
     let n = req.workloads.len();
     let mut kernel_s = 0.0;
     for (i, w) in req.workloads.iter().enumerate() {
         let t = std::time::Instant::now();
         let mut k = 0.0;
-        match judge_workload(dev, &req.task, &req.backend, i, w, &req.timing, req.check_only, &mut k) {
+        let mut waited = 0.0;
+        let judged = match make_pools(&req.task, &req.backend, w) {
+            Err(e) => Err(Stop::fail(FailureClass::Infra, e)),
+            Ok(pools) => match lock.acquire() {
+                Err(e) => Err(Stop::fatal(FailureClass::Infra, e)),
+                Ok(hold) => {
+                    let r = judge_workload(dev, &req.task, &req.backend, i, w, &req.timing, req.check_only, pools, &mut k);
+                    let span = lock.release(hold);
+                    waited = hold.waited_s;
+                    reply.device_s += span[1] - span[0];
+                    reply.lock_wait_s += hold.waited_s;
+                    reply.device_spans.push(span);
+                    r
+                }
+            },
+        };
+        // The worker's own time outside the candidate's runs and the wait for the lock.
+        let overhead = (t.elapsed().as_secs_f64() - k - waited).max(0.0);
+        match judged {
             Ok(r) => reply.workloads.push(r),
             Err(stop) => {
                 let r = WorkloadResult {
@@ -373,13 +394,13 @@ pub fn judge_request(
                 if stop.fatal {
                     reply.failure = Some(stop.failure);
                     kernel_s += k;
-                    reply.overhead_s += (t.elapsed().as_secs_f64() - k).max(0.0);
+                    reply.overhead_s += overhead;
                     break;
                 }
             }
         }
         kernel_s += k;
-        reply.overhead_s += (t.elapsed().as_secs_f64() - k).max(0.0);
+        reply.overhead_s += overhead;
         progress(&format!("workload {}/{n}", i + 1));
     }
     reply.kernel_s = kernel_s;

@@ -7,13 +7,15 @@ pub mod cpu;
 pub mod cuda;
 pub mod judge;
 pub mod mlx_cuda;
+pub mod pool;
 pub mod sandbox;
 pub mod scrub;
 pub mod supervisor;
 pub mod task_ref;
 pub mod worker;
 
-pub use supervisor::{Limits, Pool, Supervisor, WorkerSpec};
+pub use pool::Pool;
+pub use supervisor::{Launcher, Limits, Supervisor, WorkerSpec};
 
 use ksearch_core::protocol::{EvalReply, EvalRequest};
 

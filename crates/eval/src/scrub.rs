@@ -43,6 +43,20 @@ pub fn worker_env() -> Vec<(String, String)> {
     std::env::vars().filter(|(k, _)| allowed(k)).collect()
 }
 
+/// A launcher's variable (Slurm's): not for the worker's allow-list, but no secret either.
+fn launcher_var(name: &str) -> bool {
+    (name.starts_with("SLURM_") || name.starts_with("SRUN_")) && !is_secret_name(name)
+}
+
+/// The variables a launcher needs beyond the worker's allow-list: Slurm's (`SLURM_*`, e.g.
+/// `SLURM_CONF`, and the allocation a search runs inside) for `srun`. None with a secret name.
+pub fn launcher_env(launcher: &crate::supervisor::Launcher) -> Vec<(String, String)> {
+    match launcher {
+        crate::supervisor::Launcher::Local => Vec::new(),
+        crate::supervisor::Launcher::Slurm { .. } => std::env::vars().filter(|(k, _)| launcher_var(k)).collect(),
+    }
+}
+
 /// Replaces secret values with `[redacted]`.
 #[derive(Debug, Clone, Default)]
 pub struct Scrubber {
@@ -59,7 +73,8 @@ impl Scrubber {
         for (k, v) in std::env::vars() {
             let v = v.trim().to_string();
             let named = is_secret_name(&k) || extra.iter().any(|e| e == &k);
-            let unknown = !allowed(&k) && v.len() >= 12 && !v.contains('/') && !v.contains(' ') && !v.contains(':');
+            let unknown =
+                !allowed(&k) && !launcher_var(&k) && v.len() >= 12 && !v.contains('/') && !v.contains(' ') && !v.contains(':');
             if (named && v.len() >= 4) || unknown {
                 secrets.push(v);
             }

@@ -13,6 +13,99 @@ use ksearch_core::protocol::{EvalReply, EvalRequest, FailureClass, Reply, Reques
 
 use crate::common::signal_name;
 
+/// Where and how a worker process is started. Workers speak JSON lines over their standard
+/// input and output, so a launcher only has to carry those: the worker is the same program
+/// either way.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Launcher {
+    /// A child process of the search, on this machine.
+    #[default]
+    Local,
+    /// One Slurm job step per worker: `srun --ntasks=1 --nodes=1 [--gres=gpu:1] ARGS -- worker…`
+    /// (the GPU request for back-ends on a GPU). The worker program's path must exist on the
+    /// node Slurm picks (a shared installation, or the same path everywhere).
+    Slurm {
+        /// The `srun` program.
+        #[serde(default = "default_srun")]
+        srun: String,
+        /// Further `srun` arguments, e.g. `--partition=gpu`, `--time=2:00:00`.
+        #[serde(default)]
+        args: Vec<String>,
+    },
+}
+
+fn default_srun() -> String {
+    "srun".into()
+}
+
+impl Launcher {
+    /// The launcher's name, as configured (`local`, `slurm`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Launcher::Local => "local",
+            Launcher::Slurm { .. } => "slurm",
+        }
+    }
+
+    /// The program and arguments that start `spec` through this launcher. `gpu`: the worker
+    /// needs a GPU of its own.
+    pub fn command(&self, spec: &WorkerSpec, gpu: bool) -> (PathBuf, Vec<String>) {
+        match self {
+            Launcher::Local => (spec.program.clone(), spec.args.clone()),
+            Launcher::Slurm { srun, args } => {
+                let mut a = vec![
+                    "--ntasks=1".to_string(),
+                    "--nodes=1".into(),
+                    "--job-name=ksearch-worker".into(),
+                ];
+                if gpu {
+                    a.push("--gres=gpu:1".into());
+                }
+                a.extend(args.iter().cloned());
+                a.push("--".into());
+                a.push(spec.program.display().to_string());
+                // Slurm hands the step the GPU it granted as CUDA_VISIBLE_DEVICES: inside it,
+                // that GPU is device 0 whichever device the search counted it as.
+                let mut device_next = false;
+                for x in &spec.args {
+                    a.push(if gpu && device_next { "0".into() } else { x.clone() });
+                    device_next = x == "--device";
+                }
+                (PathBuf::from(srun), a)
+            }
+        }
+    }
+}
+
+/// End a worker process (the launcher's process, for a launched one) and reap it.
+fn end_worker(launcher: &Launcher, child: &mut Child) -> Option<std::process::ExitStatus> {
+    if !matches!(launcher, Launcher::Local) {
+        // The worker runs under the launcher's daemon, out of reach of a signal to the local
+        // process group: ask the launcher to end its step (srun passes SIGTERM on to the
+        // worker and ends the step, or withdraws a job still queued), then kill what is left
+        // here. A worker whose launcher is gone anyway sees its request channel hang up and
+        // ends itself.
+        // SAFETY: a signal to our own child.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // SAFETY: the worker (or its launcher) leads its own process group: kill it whole.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+    }
+    let _ = child.kill();
+    child.wait().ok()
+}
+
 /// How to start a worker.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
@@ -50,6 +143,9 @@ struct Running {
 
 pub struct Supervisor {
     spec: WorkerSpec,
+    launcher: Launcher,
+    /// The worker needs a GPU of its own (a launcher requests one).
+    gpu: bool,
     limits: Limits,
     worker: Option<Running>,
     /// Workers started so far (1 + restarts).
@@ -74,6 +170,8 @@ impl Supervisor {
     pub fn new(spec: WorkerSpec, limits: Limits) -> Supervisor {
         Supervisor {
             spec,
+            launcher: Launcher::Local,
+            gpu: false,
             limits,
             worker: None,
             starts: 0,
@@ -83,6 +181,18 @@ impl Supervisor {
             isolation: None,
             scrubber: crate::scrub::Scrubber::from_env(&[]),
         }
+    }
+
+    /// Start the worker through `launcher` (`gpu`: it needs a GPU of its own).
+    pub fn launched_by(mut self, launcher: Launcher, gpu: bool) -> Supervisor {
+        self.launcher = launcher;
+        self.gpu = gpu;
+        self
+    }
+
+    /// How the worker is started.
+    pub fn launcher(&self) -> &Launcher {
+        &self.launcher
     }
 
     /// Also scrub the values of these variables (configured key variables) from replies.
@@ -95,14 +205,18 @@ impl Supervisor {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let mut cmd = Command::new(&self.spec.program);
+        let (program, args) = self.launcher.command(&self.spec, self.gpu);
+        let mut cmd = Command::new(&program);
         // The worker sees only the allow-listed environment (never a key) and leads a process
         // group of its own so it can be killed whole. (It watches its parent itself, see
         // `worker::serve`: a parent-death signal would fire when the *thread* that started it
         // ends, and workers are restarted from the pool's short-lived threads.)
-        cmd.args(&self.spec.args)
+        // A launcher's own variables (Slurm's) reach the launcher; it passes them on to the
+        // worker, which is harmless: none is a secret.
+        cmd.args(&args)
             .env_clear()
             .envs(crate::scrub::worker_env())
+            .envs(crate::scrub::launcher_env(&self.launcher))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -117,9 +231,14 @@ impl Supervisor {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start worker {}: {e}", self.spec.program.display()))?;
+        let mut child = cmd.spawn().map_err(|e| match self.launcher {
+            Launcher::Local => format!("cannot start worker {}: {e}", program.display()),
+            _ => format!(
+                "cannot start worker through {} ({}): {e}",
+                self.launcher.name(),
+                program.display()
+            ),
+        })?;
         let stdin = child.stdin.take().ok_or("worker has no stdin")?;
         let stdout = child.stdout.take().ok_or("worker has no stdout")?;
         let stderr = child.stderr.take().ok_or("worker has no stderr")?;
@@ -177,8 +296,7 @@ impl Supervisor {
                 }
                 Err(_) => {
                     let exited = matches!(w.child.try_wait(), Ok(Some(_)));
-                    let _ = w.child.kill();
-                    let _ = w.child.wait();
+                    end_worker(&self.launcher, &mut w.child);
                     std::thread::sleep(Duration::from_millis(20));
                     let err = w.stderr.lock().map(|v| v.join("\n")).unwrap_or_default();
                     let tail = last_lines(&err, 5);
@@ -186,6 +304,12 @@ impl Supervisor {
                         tail
                     } else if exited {
                         "it exited without a word".to_string()
+                    } else if let Launcher::Slurm { .. } = self.launcher {
+                        format!(
+                            "no greeting within {:.1} s (the compile time-out, which also bounds the wait in \
+                             Slurm's queue: was the job still pending? see squeue)",
+                            self.limits.compile_timeout.as_secs_f64()
+                        )
                     } else {
                         format!(
                             "no greeting within {:.1} s (the compile time-out; is it too short?)",
@@ -210,12 +334,7 @@ impl Supervisor {
 
     fn kill(&mut self) -> Option<std::process::ExitStatus> {
         let mut w = self.worker.take()?;
-        // SAFETY: the worker leads its own process group: kill it whole.
-        unsafe {
-            libc::kill(-(w.child.id() as libc::pid_t), libc::SIGKILL);
-        }
-        let _ = w.child.kill();
-        w.child.wait().ok()
+        end_worker(&self.launcher, &mut w.child)
     }
 
     fn stderr_tail(&self) -> String {
@@ -292,7 +411,10 @@ impl Supervisor {
                     }
                 },
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Some(rss) = rss_bytes(pid) {
+                    // A launched worker's memory is out of sight here (`pid` is its launcher):
+                    // the launcher limits it (e.g. srun --mem).
+                    let local = matches!(self.launcher, Launcher::Local);
+                    if let Some(rss) = rss_bytes(pid).filter(|_| local) {
                         peak_rss = peak_rss.max(rss);
                         if rss > self.limits.mem_limit_bytes {
                             self.kill();
@@ -376,8 +498,7 @@ impl Supervisor {
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            let _ = w.child.kill();
-            let _ = w.child.wait();
+            end_worker(&self.launcher, &mut w.child);
         }
     }
 }
@@ -402,48 +523,71 @@ fn last_lines(s: &str, n: usize) -> String {
     v[v.len().saturating_sub(n)..].join(" | ")
 }
 
-/// One supervisor per device; evaluates several requests at once, one per worker.
-pub struct Pool {
-    pub workers: Vec<Supervisor>,
-}
-
-impl Pool {
-    pub fn new(workers: Vec<Supervisor>) -> Pool {
-        Pool { workers }
-    }
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
-    }
-    /// Evaluate `reqs` (at most one per worker at a time), replies in request order.
-    pub fn eval_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
-        let mut out: Vec<Option<EvalReply>> = vec![None; reqs.len()];
-        for (chunk_i, chunk) in reqs.chunks(self.workers.len().max(1)).enumerate() {
-            let base = chunk_i * self.workers.len().max(1);
-            std::thread::scope(|s| {
-                let handles: Vec<_> = self
-                    .workers
-                    .iter_mut()
-                    .zip(chunk)
-                    .map(|(w, r)| s.spawn(move || w.eval(r)))
-                    .collect();
-                for (i, h) in handles.into_iter().enumerate() {
-                    out[base + i] =
-                        Some(h.join().unwrap_or_else(|_| {
-                            EvalReply::failed(chunk[i].id, FailureClass::Infra, "supervisor thread panicked")
-                        }));
-                }
-            });
-        }
-        out.into_iter().map(|r| r.unwrap_or_default()).collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Through Slurm a worker is one srun task on one node, with a GPU of its own where it
+    /// needs one (then device 0 of its step); locally it is the program itself.
+    #[test]
+    fn launchers_wrap_the_worker_command() {
+        let spec = WorkerSpec {
+            program: "/opt/ksearch".into(),
+            args: ["worker", "--backend", "cuda", "--device", "3"].map(String::from).to_vec(),
+            env: vec![],
+        };
+        assert_eq!(
+            Launcher::Local.command(&spec, true),
+            ("/opt/ksearch".into(), spec.args.clone())
+        );
+        let slurm = Launcher::Slurm {
+            srun: "/usr/bin/srun".into(),
+            args: vec!["--partition=gpu".into()],
+        };
+        let (p, a) = slurm.command(&spec, true);
+        assert_eq!(p, PathBuf::from("/usr/bin/srun"));
+        assert_eq!(
+            a.join(" "),
+            "--ntasks=1 --nodes=1 --job-name=ksearch-worker --gres=gpu:1 --partition=gpu -- /opt/ksearch worker --backend cuda --device 0"
+        );
+        let (_, a) = slurm.command(&spec, false);
+        assert!(!a.iter().any(|x| x.starts_with("--gres")) && a.ends_with(&["--device".into(), "3".into()]));
+        // The configuration's spelling.
+        let l: Launcher = serde_json::from_str(r#"{"kind":"slurm"}"#).unwrap();
+        assert_eq!(
+            l,
+            Launcher::Slurm {
+                srun: "srun".into(),
+                args: vec![]
+            }
+        );
+    }
+
+    /// A launcher that cannot be started is one line naming it.
+    #[test]
+    fn a_missing_launcher_is_named() {
+        let mut s = Supervisor::new(
+            WorkerSpec {
+                program: "/bin/true".into(),
+                args: vec![],
+                env: vec![],
+            },
+            Limits::default(),
+        )
+        .launched_by(
+            Launcher::Slurm {
+                srun: "/nonexistent/srun".into(),
+                args: vec![],
+            },
+            false,
+        );
+        let e = s.start().unwrap_err();
+        assert!(
+            e.starts_with("cannot start worker through slurm (/nonexistent/srun): "),
+            "{e}"
+        );
+        assert!(!e.contains('\n'));
+    }
 
     /// A worker sees no key: the environment it starts with is the allow-list only.
     #[test]

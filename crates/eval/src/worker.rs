@@ -34,21 +34,64 @@ fn send(out: &mut std::fs::File, r: &Reply) -> bool {
     }
 }
 
-/// End this process when the search process that started it is gone (re-parented), even while
-/// a kernel hangs: no worker outlives its search. Its runner, if any, follows through its own
-/// parent-death signal.
+/// End this process, and every process of its group, as soon as the search that started it is
+/// gone, even while a kernel hangs or a device call never returns: no worker outlives its
+/// search. Two signs, watched by one thread that sleeps in `poll` between them: the request
+/// channel (stdin) hangs up, which is what a worker started through a launcher such as `srun`
+/// sees (its parent is the launcher's daemon, not the search); or this process is re-parented.
+/// The worker's own children (a compiler) go with its process group when it leads one; its
+/// runner, in a session of its own, follows through its parent-death signal.
 fn watch_parent() {
     // SAFETY: getppid has no preconditions.
     let parent = unsafe { libc::getppid() };
     std::thread::spawn(move || {
+        #[cfg(target_os = "linux")]
+        let hangup_events = libc::POLLRDHUP;
+        #[cfg(not(target_os = "linux"))]
+        let hangup_events = 0;
+        let mut watch_stdin = true;
         loop {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            // SAFETY: as above; _exit ends the process at once.
-            if unsafe { libc::getppid() } != parent {
-                unsafe { libc::_exit(4) };
+            let mut fd = libc::pollfd {
+                fd: if watch_stdin { 0 } else { -1 },
+                events: hangup_events,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; a negative fd is ignored by poll (a plain sleep).
+            let n = unsafe { libc::poll(&mut fd, 1, 100) };
+            let hung_up = n > 0 && fd.revents & (libc::POLLHUP | libc::POLLERR | hangup_events) != 0;
+            if n > 0 && fd.revents & libc::POLLNVAL != 0 {
+                // No stdin to watch (closed at start): the parent alone tells.
+                watch_stdin = false;
+            }
+            // SAFETY: as above.
+            if hung_up || unsafe { libc::getppid() } != parent {
+                // SAFETY: signals to this process's own group only when it leads one (else
+                // the group is someone else's); _exit ends the process at once.
+                unsafe {
+                    if libc::getpgrp() == libc::getpid() {
+                        libc::kill(0, libc::SIGKILL);
+                    }
+                    libc::_exit(4);
+                }
             }
         }
     });
+}
+
+/// What the worker says about its containment, plus the Slurm job step it runs in when a
+/// launcher started it through `srun` (the search keeps Slurm's variables from workers it
+/// starts itself), so a run's header shows where its workers ran.
+fn with_launch(isolation: Option<String>) -> Option<String> {
+    let Ok(job) = std::env::var("SLURM_JOB_ID") else {
+        return isolation;
+    };
+    let step = std::env::var("SLURM_STEP_ID").unwrap_or_else(|_| "?".into());
+    let node = std::env::var("SLURMD_NODENAME").unwrap_or_else(|_| "?".into());
+    let slurm = format!("Slurm job {job} step {step} on {node}");
+    Some(match isolation {
+        Some(i) if !i.is_empty() => format!("{i}; {slurm}"),
+        _ => slurm,
+    })
 }
 
 /// Serve requests until stdin closes or a `shutdown` arrives. Returns the exit code.
@@ -61,7 +104,7 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernels: None,
-        isolation: backend.isolation(),
+        isolation: with_launch(backend.isolation()),
     };
     if !send(&mut out, &hello) {
         return 3;
@@ -99,8 +142,13 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
             }
             Request::Eval(req) => {
                 let id = req.id;
-                let reply = {
+                let arrived = std::time::Instant::now();
+                let mut compiled_after: Option<f64> = None;
+                let mut reply = {
                     let mut progress = |stage: &str| {
+                        if stage == "compiled" && compiled_after.is_none() {
+                            compiled_after = Some(arrived.elapsed().as_secs_f64());
+                        }
                         send(
                             &mut out_clone(&out),
                             &Reply::Progress {
@@ -111,6 +159,11 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
                     };
                     backend.eval(&req, &mut progress)
                 };
+                // Compile time as the worker saw it: from the request to a loaded candidate
+                // (the whole request when it never got that far).
+                if reply.compile_s == 0.0 {
+                    reply.compile_s = compiled_after.unwrap_or_else(|| arrived.elapsed().as_secs_f64());
+                }
                 if !send(&mut out, &Reply::Eval(Box::new(reply))) {
                     return 3;
                 }

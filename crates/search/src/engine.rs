@@ -40,6 +40,9 @@ pub struct RunConfig {
     /// LLM settings (no secrets: only the name of the key's environment variable).
     #[serde(default)]
     pub llm: Option<serde_json::Value>,
+    /// How workers are started (local child processes, or Slurm job steps).
+    #[serde(default)]
+    pub launcher: ksearch_eval::Launcher,
 }
 
 /// When a run stops searching and goes on to its final phase.
@@ -390,6 +393,11 @@ impl Search {
         &self.store
     }
 
+    /// What this invocation's evaluations cost, in one line (the evaluator's accounting).
+    pub fn cost_line(&self) -> Option<String> {
+        self.evaluator.cost_line(self.started.elapsed().as_secs_f64())
+    }
+
     /// The last round started (the round counter of the run).
     pub fn round(&self) -> u32 {
         self.round
@@ -603,13 +611,17 @@ impl Search {
         let mut merged = EvalReply::default();
         for ((req, defs), r) in p.reqs.iter().zip(builds).zip(replies) {
             merged.id = req.id;
-            if merged.failure.is_none() {
+            if merged.failure.is_none() || r.infra() {
                 merged.failure = r.failure.clone();
             }
             merged.compile.log.push_str(&r.compile.log);
             merged.compile.seconds += r.compile.seconds;
             merged.kernel_s += r.kernel_s;
             merged.overhead_s += r.overhead_s;
+            merged.compile_s += r.compile_s;
+            merged.device_s += r.device_s;
+            merged.lock_wait_s += r.lock_wait_s;
+            merged.device_spans.extend(r.device_spans.iter().copied());
             merged.resources = r.resources.clone();
             merged.workloads.extend(r.workloads.into_iter().map(|mut w| {
                 w.defines = Some(defs.clone());
@@ -646,6 +658,19 @@ impl Search {
     fn evaluate_built(&mut self, cand: &Candidate, kernel: &str, list: &[Workload], heldout: bool) -> (EvalReply, f64) {
         let p = self.plan(cand, kernel, list, heldout);
         self.evaluate_batch(vec![p]).pop().unwrap_or_default()
+    }
+
+    /// An evaluation whose failure is the machine's (`infra`) is tried once more.
+    fn evaluate_retrying_infra(&mut self, mut eval: impl FnMut(&mut Self) -> (EvalReply, f64)) -> (EvalReply, f64) {
+        let (r, w) = eval(self);
+        if !r.infra() {
+            return (r, w);
+        }
+        self.log(&format!(
+            "infrastructure failure, trying once more: {}",
+            r.failure.as_ref().map(|f| first_line(&f.message)).unwrap_or_default()
+        ));
+        eval(self)
     }
 
     /// Static rules of the translation layer, before any compile.
@@ -787,7 +812,12 @@ impl Search {
             .context("task has no seed")?
             .clone();
         let cand = crate::planner::instantiate(&self.cfg.backend, &seed_k, &BTreeMap::new());
-        let (reply, wall) = self.evaluate(&cand, false);
+        let (reply, wall) = self.evaluate_retrying_infra(|s| s.evaluate(&cand, false));
+        if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
+            let why = format!("infrastructure failure (not the seed's): {}", first_line(&f.message));
+            self.store.set_run_status(self.run_id, "stopped", Some(&why))?;
+            bail!("{why}");
+        }
         let key = self.store.put_candidate("seed", &cand)?;
         root.candidate = Some(key.clone());
         root.round_evaluated = Some(0);
@@ -960,8 +990,25 @@ impl Search {
         }
         let (reply, wall) = match self.static_check(&cand) {
             Some(f) => (EvalReply::failed(self.evals, f.class, f.message), 0.0),
-            None => self.evaluate_search(&cand, &kernel),
+            None => self.evaluate_retrying_infra(|s| s.evaluate_search(&cand, &kernel)),
         };
+        if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
+            // Not the candidate's failure: the node stays open (the round undone) and the run
+            // stops, so that a resume tries it again once the machine is fixed.
+            let why = format!("infrastructure failure (not the candidate's): {}", first_line(&f.message));
+            let n = self.tree.nodes.get_mut(&id).expect("node");
+            n.status = NodeStatus::Open;
+            n.attempts = n.attempts.saturating_sub(1);
+            let snapshot = n.clone();
+            self.round -= 1;
+            let r = self.round;
+            self.store.atomic(|s| {
+                s.update_node(&snapshot)?;
+                s.set_run_round(rid, r)?;
+                s.set_run_status(rid, "stopped", Some(&why))
+            })?;
+            bail!("{why}; fix it, then continue with `ksearch resume {rid}`");
+        }
         self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup)?;
         Ok(true)
     }

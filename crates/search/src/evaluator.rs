@@ -16,6 +16,10 @@ pub trait Evaluator {
     fn baseline(&mut self, req: &EvalRequest) -> EvalReply;
     /// The device the evaluations run on, in words (e.g. `NVIDIA H200`).
     fn device(&self) -> String;
+    /// What the evaluations so far cost over `wall_s` seconds, in one line (None: not counted).
+    fn cost_line(&self, _wall_s: f64) -> Option<String> {
+        None
+    }
 }
 
 impl Evaluator for Pool {
@@ -24,13 +28,16 @@ impl Evaluator for Pool {
     }
 
     fn baseline(&mut self, req: &EvalRequest) -> EvalReply {
-        match self.workers.first_mut() {
-            Some(w) => w.baseline(req),
-            None => EvalReply::failed(req.id, FailureClass::Infra, "no worker".to_string()),
-        }
+        self.baseline_many(std::slice::from_ref(req))
+            .pop()
+            .unwrap_or_else(|| EvalReply::failed(req.id, FailureClass::Infra, "no reply from the pool"))
     }
 
     fn device(&self) -> String {
         self.workers.first().map(|w| w.device.clone()).unwrap_or_default()
+    }
+
+    fn cost_line(&self, wall_s: f64) -> Option<String> {
+        Some(self.accounting().line(wall_s))
     }
 }

@@ -250,6 +250,7 @@ impl Bench {
             kb_dir: None,
             cache_dir: self.dir.path().join("cache"),
             llm: None,
+            launcher: Default::default(),
         }
     }
 

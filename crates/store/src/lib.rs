@@ -25,6 +25,13 @@ pub enum StoreError {
     NoRun(i64),
     #[error("store {path} has schema version {found}, newer than this ksearch ({known})")]
     TooNew { path: String, found: i64, known: i64 },
+    #[error("run {run} is being driven by pid {pid} on {host} since {since}")]
+    Locked {
+        run: i64,
+        pid: String,
+        host: String,
+        since: String,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -185,9 +192,78 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE eval_workloads ADD COLUMN defines TEXT;
     "#,
+    // 4: the finishing phase that wrote a final-phase row (see `FINAL_PURPOSES`)
+    r#"
+    ALTER TABLE evaluations ADD COLUMN phase TEXT;
+    CREATE INDEX evaluations_final ON evaluations(run_id, purpose, node_id);
+    "#,
 ];
 
+/// Purposes of the evaluations a run's finishing step writes (the re-timing of the best
+/// against the seed, held-out validation, the native baseline). A finishing step killed half
+/// way is done again in full by `resume`: its rows replace the earlier phase's (see
+/// `Store::insert_evaluation`), so they are neither kept twice nor counted twice.
+pub const FINAL_PURPOSES: &[&str] = &["final", "heldout", "baseline"];
+
+/// A token naming one finishing phase: unique per process and handle.
+fn phase_token() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{nanos}-{n}", std::process::id())
+}
+
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Ownership of one run (see `Store::lock_run`); released on drop.
+#[derive(Debug)]
+pub struct RunLock {
+    file: Option<std::fs::File>,
+    run: i64,
+}
+
+impl RunLock {
+    /// The run this lock owns.
+    pub fn run(&self) -> i64 {
+        self.run
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        if let Some(f) = self.file.take() {
+            let _ = f.unlock();
+        }
+    }
+}
+
+/// This machine's name, as the lock file records it.
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its whole length; gethostname writes at most that.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "?".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// pid, host and start time recorded in a lock file (empty where missing).
+fn owner_of(file: &Path) -> [String; 3] {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    };
+    [field("pid"), field("host"), field("since")]
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunRow {
@@ -241,6 +317,11 @@ pub struct LlmCallRow {
 
 pub struct Store {
     conn: Connection,
+    /// The file (as given), for the lock files beside it.
+    path: PathBuf,
+    /// This handle's finishing phase: final-phase rows it writes replace those an earlier
+    /// (killed or superseded) phase wrote for the same run, node and purpose.
+    phase: String,
 }
 
 /// A path as the path part of an SQLite `file:` URI.
@@ -273,7 +354,7 @@ impl Store {
             })?;
         }
         let conn = Connection::open(path).map_err(|e| StoreError::Sql(e).at(&p))?;
-        Self::setup(conn, &p).map_err(|e| e.at(&p))
+        Self::setup(conn, path.to_path_buf(), &p).map_err(|e| e.at(&p))
     }
 
     /// Open an existing store for reading only: nothing is created (a missing store is an
@@ -302,7 +383,7 @@ impl Store {
                 Connection::open_with_flags(path, flags)?
             };
             conn.busy_timeout(std::time::Duration::from_secs(10))?;
-            let s = Store { conn };
+            let s = Store::with(conn, path.to_path_buf());
             let v = s.schema_version()?;
             if v > SCHEMA_VERSION {
                 return Err(StoreError::TooNew {
@@ -336,23 +417,21 @@ impl Store {
         Ok(s)
     }
 
-    fn setup(conn: Connection, p: &str) -> Result<Store> {
+    fn setup(conn: Connection, path: PathBuf, p: &str) -> Result<Store> {
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        let mut s = Store { conn };
-        // Switching a new file to WAL and migrating it can meet another process doing the same;
-        // SQLite then answers "busy" without waiting: try again for a while.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut s = Store::with(conn, path);
+        // Processes opening a new store at once meet here: SQLite answers "busy" without
+        // waiting in a few places (switching to WAL, a log being set up): try again for a while.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
-            let r = s
-                .conn
-                .pragma_update(None, "journal_mode", "WAL")
-                .map_err(StoreError::from)
-                .and_then(|_| s.migrate(p));
-            match r {
+            match s.prepare(p) {
                 Err(StoreError::Sql(rusqlite::Error::SqliteFailure(e, _)))
-                    if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+                    if matches!(
+                        e.code,
+                        rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                    ) && std::time::Instant::now() < deadline =>
                 {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    std::thread::sleep(std::time::Duration::from_millis(10 + u64::from(std::process::id() % 20)));
                 }
                 r => {
                     r?;
@@ -365,12 +444,24 @@ impl Store {
         Ok(s)
     }
 
-    pub fn schema_version(&self) -> Result<i64> {
-        Ok(self.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    fn with(conn: Connection, path: PathBuf) -> Store {
+        Store {
+            conn,
+            path,
+            phase: phase_token(),
+        }
     }
 
-    fn migrate(&mut self, p: &str) -> Result<()> {
-        let v = self.schema_version()?;
+    /// Refuse a newer schema before anything is written, switch to WAL, migrate.
+    fn prepare(&mut self, p: &str) -> Result<()> {
+        // Reading the version writes nothing: a store of a newer ksearch is left as it was
+        // (switching it to WAL first would rewrite its header).
+        self.refuse_newer(self.schema_version()?, p)?;
+        self.conn.pragma_update(None, "journal_mode", "WAL")?;
+        self.migrate(p)
+    }
+
+    fn refuse_newer(&self, v: i64, p: &str) -> Result<()> {
         if v > SCHEMA_VERSION {
             return Err(StoreError::TooNew {
                 path: p.into(),
@@ -378,23 +469,37 @@ impl Store {
                 known: SCHEMA_VERSION,
             });
         }
-        if v == SCHEMA_VERSION {
+        Ok(())
+    }
+
+    pub fn schema_version(&self) -> Result<i64> {
+        Ok(self.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+
+    /// Every step from the store's version to this ksearch's in ONE transaction that holds
+    /// the write lock from its start (IMMEDIATE), the version read again under it: processes
+    /// opening a new store at once apply the migrations exactly once between them, and a
+    /// store is never left between two versions.
+    fn migrate(&mut self, p: &str) -> Result<()> {
+        if self.schema_version()? == SCHEMA_VERSION {
             return Ok(());
         }
-        // Two processes may open a new store at once: each step takes the write lock first
-        // (IMMEDIATE) and reads the version again under it, so a step is applied exactly once.
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(v as usize) {
-            let tx = self
-                .conn
-                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let now: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-            if now > i as i64 {
-                continue;
-            }
-            tx.execute_batch(sql)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
-            tx.commit()?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let v: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if v > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                path: p.into(),
+                found: v,
+                known: SCHEMA_VERSION,
+            });
         }
+        for sql in MIGRATIONS.iter().skip(v.max(0) as usize) {
+            tx.execute_batch(sql)?;
+        }
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -410,6 +515,74 @@ impl Store {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 Err(e)
             }
+        }
+    }
+
+    // ----- run ownership -----
+
+    /// Take ownership of run `run`: only one process drives a run at a time.
+    ///
+    /// The lock is an OS advisory lock (`flock`) on `<store>.locks/run-<run>.lock`, a file
+    /// created on demand beside the store and never removed. The owner writes its pid, host
+    /// and start time (UTC) into it, for the message a second driver gets:
+    /// `StoreError::Locked`, "run N is being driven by pid P on HOST since T". The lock
+    /// belongs to the open file, not to the file's contents: it is released when the
+    /// returned `RunLock` is dropped, and the kernel releases it when its process dies in any
+    /// way (`kill -9` included), so a lock left by a dead process is free and the next
+    /// driver simply takes it over. Within one process a second `lock_run` of a held run is
+    /// refused too.
+    ///
+    /// Advisory locks are as good as the file system holding the store: local file systems
+    /// honour them; a store on a network file system should stay with one host (the
+    /// orchestrator's). An in-memory store needs no lock. Errors: `NoRun` for a run not in the
+    /// store, `Open` (naming the lock file) when the lock file cannot be created or locked.
+    pub fn lock_run(&self, run: i64) -> Result<RunLock> {
+        self.run(run)?;
+        let p = self.path.display().to_string();
+        if p.is_empty() || p == ":memory:" {
+            return Ok(RunLock { file: None, run });
+        }
+        let dir = PathBuf::from(format!("{p}.locks"));
+        let file = dir.join(format!("run-{run}.lock"));
+        let err = |msg: String| StoreError::Open {
+            path: file.display().to_string(),
+            msg,
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| err(format!("cannot create its folder: {e}")))?;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&file)
+            .map_err(|e| err(format!("cannot open: {e}")))?;
+        match f.try_lock() {
+            Ok(()) => {
+                use std::io::Write;
+                let since: String = self
+                    .conn
+                    .query_row("SELECT strftime('%Y-%m-%dT%H:%M:%SZ','now')", [], |r| r.get(0))?;
+                let owner = format!("pid={}\nhost={}\nsince={since}\n", std::process::id(), host_name());
+                f.set_len(0)
+                    .and_then(|_| f.write_all(owner.as_bytes()))
+                    .and_then(|_| f.flush())
+                    .map_err(|e| err(format!("cannot write the owner: {e}")))?;
+                Ok(RunLock { file: Some(f), run })
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                // The owner writes its line just after locking: give it a moment.
+                let mut fields = owner_of(&file);
+                for _ in 0..20 {
+                    if fields.iter().all(|v| !v.is_empty()) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    fields = owner_of(&file);
+                }
+                let [pid, host, since] = fields.map(|v| if v.is_empty() { "?".to_string() } else { v });
+                Err(StoreError::Locked { run, pid, host, since })
+            }
+            Err(std::fs::TryLockError::Error(e)) => Err(err(format!("cannot lock: {e}"))),
         }
     }
 
@@ -671,8 +844,60 @@ impl Store {
 
     // ----- evaluations -----
 
+    /// Record one evaluation and its per-workload rows, together (all or nothing).
+    ///
+    /// A row of the finishing step (`purpose` in `FINAL_PURPOSES`) first removes the rows of
+    /// the same run, node and purpose that an earlier phase wrote (a finishing step killed half
+    /// way, or one superseded by a later finish of the same run): rows are idempotent per
+    /// (run, node, purpose, phase). Within one phase every row is kept (the seed is re-timed
+    /// once per candidate). A phase is one `Store` handle until `new_phase` starts another.
     #[allow(clippy::too_many_arguments)]
     pub fn insert_evaluation(
+        &self,
+        run: i64,
+        node: Option<i64>,
+        candidate: Option<&str>,
+        round: u32,
+        purpose: &str,
+        reply: &EvalReply,
+        wall_s: f64,
+    ) -> Result<i64> {
+        self.conn.execute_batch("SAVEPOINT insert_evaluation")?;
+        let r = (|| {
+            if FINAL_PURPOSES.contains(&purpose) {
+                let stale = "SELECT id FROM evaluations WHERE run_id = ?1 AND purpose = ?2 AND node_id IS ?3
+                     AND (phase IS NULL OR phase <> ?4)";
+                let args = params![run, purpose, node, self.phase];
+                self.conn
+                    .execute(&format!("DELETE FROM eval_workloads WHERE eval_id IN ({stale})"), args)?;
+                self.conn
+                    .execute(&format!("DELETE FROM evaluations WHERE id IN ({stale})"), args)?;
+            }
+            self.insert_evaluation_row(run, node, candidate, round, purpose, reply, wall_s)
+        })();
+        match r {
+            Ok(id) => {
+                self.conn.execute_batch("RELEASE insert_evaluation")?;
+                Ok(id)
+            }
+            Err(e) => {
+                let _ = self
+                    .conn
+                    .execute_batch("ROLLBACK TO insert_evaluation; RELEASE insert_evaluation");
+                Err(e)
+            }
+        }
+    }
+
+    /// Start a new finishing phase on this handle: the final-phase rows written from now on
+    /// replace those written before (by this handle too). A driver that finishes the same run
+    /// more than once through one handle calls it at the start of each finish.
+    pub fn new_phase(&mut self) {
+        self.phase = phase_token();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert_evaluation_row(
         &self,
         run: i64,
         node: Option<i64>,
@@ -685,8 +910,8 @@ impl Store {
         let f = reply.failure.as_ref();
         self.conn.execute(
             "INSERT INTO evaluations (run_id, node_id, candidate, round, purpose, ok, failure_class, failure_message, compile_log,
-                compile_cached, compile_s, kernel_s, overhead_s, wall_s, resources)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                compile_cached, compile_s, kernel_s, overhead_s, wall_s, resources, phase)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             params![
                 run,
                 node,
@@ -703,6 +928,7 @@ impl Store {
                 reply.overhead_s,
                 wall_s,
                 serde_json::to_string(&reply.resources)?,
+                FINAL_PURPOSES.contains(&purpose).then_some(self.phase.as_str()),
             ],
         )?;
         let id = self.conn.last_insert_rowid();
@@ -767,6 +993,7 @@ impl Store {
                     }),
                     kernel_s: r.get(10)?,
                     overhead_s: r.get(11)?,
+                    ..EvalReply::default()
                 };
                 Ok(EvalRow {
                     id: r.get(0)?,
@@ -1011,6 +1238,41 @@ mod tests {
         });
         assert!(r.is_err());
         assert_eq!(s.run(run).unwrap().round, 0);
+    }
+
+    /// A store of version 3 (before final-phase rows carried their phase) is migrated in one
+    /// step, keeps its rows, and its final rows are replaced by the next finish's.
+    #[test]
+    fn an_older_store_migrates_and_its_final_rows_are_superseded() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("old.db");
+        {
+            let c = Connection::open(&p).unwrap();
+            for m in &MIGRATIONS[..3] {
+                c.execute_batch(m).unwrap();
+            }
+            c.pragma_update(None, "user_version", 3).unwrap();
+            c.execute_batch(
+                "INSERT INTO runs (id, task, backend, planner, status, seed, config) VALUES (1, 't', 'cpu', 'offline', 'done', 1, '{}');
+                 INSERT INTO evaluations (run_id, node_id, round, purpose, ok) VALUES (1, NULL, 0, 'baseline', 1), (1, NULL, 0, 'baseline', 1), (1, NULL, 0, 'search', 1);",
+            )
+            .unwrap();
+        }
+        let s = Store::open(&p).unwrap();
+        assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
+        assert_eq!(s.count_evaluations(1).unwrap(), 3);
+        s.insert_evaluation(
+            1,
+            None,
+            None,
+            1,
+            "baseline",
+            &EvalReply::failed(1, FailureClass::Infra, "x"),
+            0.1,
+        )
+        .unwrap();
+        let left: Vec<String> = s.evaluations(1, None).unwrap().into_iter().map(|e| e.purpose).collect();
+        assert_eq!(left, vec!["search", "baseline"]);
     }
 
     #[test]

@@ -1,0 +1,224 @@
+//! The run as a unit, through the real binary: many processes creating one store at once, a
+//! store of a newer ksearch left untouched, and workers (with their runners) that end with
+//! the search process that started them, even when it is killed mid-candidate.
+
+use sha2::Digest;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn ksearch(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ksearch"));
+    c.current_dir(dir);
+    c
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Twenty `ksearch` processes open the same new store at once (`resume` creates and migrates
+/// the store, then finds no run 1 in it): every one gets as far as that, none meets a half-made
+/// schema, and the store ends at the current version.
+#[test]
+fn twenty_processes_creating_one_store_at_once_all_get_it() {
+    for k in 0..3 {
+        let d = tempfile::tempdir().unwrap();
+        let store = d.path().join(format!("new{k}.db"));
+        let kids: Vec<_> = (0..20)
+            .map(|_| {
+                ksearch(d.path())
+                    .arg("--store")
+                    .arg(&store)
+                    .args(["resume", "1"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for kid in kids {
+            let o = kid.wait_with_output().unwrap();
+            let t = text(&o);
+            assert_eq!(o.status.code(), Some(2), "{t}");
+            assert_eq!(t.trim(), "error: no run 1 in the store", "round {k}");
+        }
+        let s = ksearch_store::Store::open_read_only(&store).unwrap();
+        assert_eq!(s.schema_version().unwrap(), ksearch_store::SCHEMA_VERSION);
+        assert!(s.runs().unwrap().is_empty());
+    }
+}
+
+fn sha256(p: &Path) -> String {
+    sha2::Sha256::digest(std::fs::read(p).unwrap())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A store whose schema is newer than this ksearch: `run` and `runs` refuse it in one line
+/// naming it, exit 2, and leave it byte-identical with nothing beside it.
+#[test]
+fn a_store_of_a_newer_ksearch_is_refused_and_left_as_it_was() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("future.db");
+    drop(ksearch_store::Store::open(&store).unwrap());
+    // As a newer ksearch would leave it: a higher user_version (header bytes 60..64), and in
+    // the rollback-journal mode (bytes 18 and 19 = 1), which is what a switch to WAL rewrites.
+    let mut b = std::fs::read(&store).unwrap();
+    b[18] = 1;
+    b[19] = 1;
+    b[60..64].copy_from_slice(&(ksearch_store::SCHEMA_VERSION as u32 + 7).to_be_bytes());
+    std::fs::write(&store, &b).unwrap();
+    let before = sha256(&store);
+    let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks");
+    for args in [vec!["run", "softmax", "--backend", "cpu", "--rounds", "1"], vec!["runs"]] {
+        let o = ksearch(d.path())
+            .arg("--store")
+            .arg(&store)
+            .arg("--tasks-dir")
+            .arg(&tasks)
+            .args(&args)
+            .output()
+            .unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {t}");
+        assert_eq!(t.trim().lines().count(), 1, "{args:?}: {t}");
+        assert!(
+            t.contains(&store.display().to_string()) && t.contains("newer than this ksearch"),
+            "{args:?}: {t}"
+        );
+        assert_eq!(sha256(&store), before, "{args:?} changed the store");
+    }
+    let left: Vec<_> = std::fs::read_dir(d.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(left, vec!["future.db".to_string()]);
+}
+
+/// Every live process: pid → (parent pid, command line). Zombies count as gone.
+fn processes() -> Vec<(u32, u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let (Some(state), Some(ppid)) = (f.next(), f.next().and_then(|p| p.parse::<u32>().ok())) else {
+            continue;
+        };
+        if state == "Z" || state == "X" {
+            continue;
+        }
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        out.push((pid, ppid, cmd));
+    }
+    out
+}
+
+/// The processes descending from `root` (not `root` itself).
+fn descendants(root: u32) -> Vec<(u32, String)> {
+    let all = processes();
+    let mut found: Vec<(u32, String)> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for (pid, ppid, cmd) in &all {
+            if *ppid == p && !found.iter().any(|(q, _)| q == pid) {
+                found.push((*pid, cmd.clone()));
+                frontier.push(*pid);
+            }
+        }
+    }
+    found
+}
+
+fn alive(pid: u32) -> bool {
+    processes().iter().any(|(p, _, _)| *p == pid)
+}
+
+/// The search is killed with SIGKILL while its worker waits on a runner whose kernel never
+/// returns: the worker and the runner are gone within 2 s, with nothing left to burn CPU.
+#[test]
+fn workers_and_runners_die_with_a_killed_search() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store.db");
+    let mut search = ksearch(d.path())
+        .arg("--tasks-dir")
+        .arg(fixtures())
+        .arg("--store")
+        .arg(&store)
+        .args([
+            "--quiet",
+            "run",
+            "sleeper",
+            "--backend",
+            "cpu",
+            "--rounds",
+            "3",
+            "--run-timeout",
+            "600s",
+            "--max-reps",
+            "3",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = search.id();
+    // Wait for the hanging candidate: node 2 running, and a worker with a runner under it.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let (worker, runner) = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the hanging candidate never ran; processes: {:?}",
+            descendants(pid)
+        );
+        assert!(search.try_wait().unwrap().is_none(), "the search ended early");
+        std::thread::sleep(Duration::from_millis(200));
+        let running = ksearch_store::Store::open_read_only(&store)
+            .and_then(|s| s.nodes(1))
+            .map(|ns| {
+                ns.iter()
+                    .any(|n| n.id == 2 && n.status == ksearch_core::tree::NodeStatus::Running)
+            })
+            .unwrap_or(false);
+        if !running {
+            continue;
+        }
+        let kids = descendants(pid);
+        let worker = kids.iter().find(|(_, c)| c.contains(" worker "));
+        let runner = kids.iter().find(|(_, c)| c.contains(" runner "));
+        if let (Some(w), Some(r)) = (worker, runner) {
+            break (w.0, r.0);
+        }
+    };
+    // Let the runner enter the kernel.
+    std::thread::sleep(Duration::from_millis(1000));
+    let left_before = descendants(pid);
+    search.kill().unwrap();
+    search.wait().unwrap();
+    let killed = Instant::now();
+    while (alive(worker) || alive(runner)) && killed.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let still: Vec<_> = left_before.iter().filter(|(p, _)| alive(*p)).collect();
+    assert!(
+        still.is_empty(),
+        "alive {:.1} s after the search was killed: {still:?}",
+        killed.elapsed().as_secs_f64()
+    );
+}
