@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ksearch_core::protocol::{Candidate, Lang, TimingReq};
+use ksearch_core::Backend;
+use ksearch_core::protocol::{Candidate, TimingReq};
 use ksearch_core::task::{self, Task};
 use ksearch_core::tree::{NodeStatus, Tree};
 use ksearch_store::Store;
@@ -138,22 +139,22 @@ fn load_kb(dir: Option<&Path>) -> Option<ksearch_kb::Kb> {
 }
 
 fn worker(backend: &str, device: usize, cache: Option<PathBuf>, mem_limit: Option<u64>) -> Result<i32> {
-    let cache = cache.unwrap_or_else(|| PathBuf::from(".ksearch/cache").join(backend));
+    let backend: Backend = backend.parse()?;
+    let cache = cache.unwrap_or_else(|| PathBuf::from(".ksearch/cache").join(backend.name()));
     match backend {
-        "cpu" => {
+        Backend::Cpu => {
             let mut b = ksearch_eval::cpu::CpuBackend::new(cache);
             if let Some(m) = mem_limit {
                 b.set_mem_limit(m);
             }
             Ok(ksearch_eval::worker::serve(&mut b))
         }
-        "cuda" => cuda_worker(device, cache),
-        b if ksearch_search::is_mlx(b) => {
+        Backend::Cuda => cuda_worker(device, cache),
+        b @ (Backend::MlxCuda | Backend::MlxMetal) => {
             bail!(
                 "the {b} worker is the Python package `ksearch_mlx`: run `python3 -m ksearch_mlx.worker --backend {b}` with python/ on PYTHONPATH"
             )
         }
-        other => bail!("unknown back-end `{other}` (known: cpu, cuda)"),
     }
 }
 
@@ -215,25 +216,15 @@ fn tasks(g: &Global) -> Result<i32> {
     Ok(if broken == 0 { 0 } else { 2 })
 }
 
-fn resolve_backend(requested: &str, task: &Task) -> Result<String> {
-    let b = match requested {
-        "auto" => {
-            if cuda_available() && task.backend("cuda").is_some() {
-                "cuda".to_string()
-            } else {
-                "cpu".to_string()
-            }
-        }
-        // MLX: Metal bodies on macOS, CUDA bodies through MLX's CUDA back-end elsewhere.
-        "mlx" => if cfg!(target_os = "macos") { "mlx-metal" } else { "mlx-cuda" }.to_string(),
-        "cpu" | "cuda" | "mlx-cuda" | "mlx-metal" => requested.to_string(),
-        other => bail!("unknown back-end `{other}` (use auto, cpu, cuda, mlx, mlx-cuda or mlx-metal)"),
-    };
-    if task.backend(&b).is_none() {
+fn resolve_backend(requested: &str, task: &Task) -> Result<Backend> {
+    // `auto`: CUDA when a GPU is present and the task has CUDA kernels; `mlx`: Metal bodies on
+    // macOS, CUDA bodies through MLX's CUDA back-end elsewhere.
+    let b = Backend::resolve(requested, cuda_available, |b| task.backend(b).is_some())?;
+    if task.backend(b).is_none() {
         let have: Vec<&String> = task.backends.keys().collect();
         bail!("task {} has no kernels for the {b} back-end (it has: {have:?})", task.name);
     }
-    if ksearch_search::is_mlx(&b)
+    if b.is_mlx()
         && let Some(r) = task.reference.file()
     {
         bail!(
@@ -310,7 +301,7 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
     if let Some(v) = f.workers {
         cfg.workers = v;
     }
-    if cfg.backend == "cuda" && cfg.devices.is_empty() {
+    if cfg.backend == Backend::Cuda && cfg.devices.is_empty() {
         // One worker per GPU found.
         cfg.devices = (0..ksearch_eval::cuda::cuda_device_count().max(1)).collect();
     }
@@ -344,7 +335,7 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
     if task.reference.file().is_some() {
         // A reference the task brings is compiled now, into the workers' cache: a broken one
         // fails here, in one line, before any run is recorded.
-        ksearch_eval::task_ref::compile(task, &cfg.cache_dir.join(&cfg.backend))
+        ksearch_eval::task_ref::compile(task, &cfg.cache_dir.join(cfg.backend.name()))
             .map_err(|e| anyhow::anyhow!("{}: {e}", task.dir.join("task.toml").display()))?;
     }
     let llm_flags = LlmFlags {
@@ -387,7 +378,7 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
     let started = start_pool(&cfg)?;
     let run_id = store.create_run(
         &task.name,
-        &cfg.backend,
+        cfg.backend.name(),
         &cfg.planner,
         cfg.seed,
         "",
@@ -414,7 +405,7 @@ fn start_pool(cfg: &RunConfig) -> Result<(ksearch_eval::Pool, String)> {
     let mut device = String::new();
     for w in pool.workers.iter_mut() {
         device = w.start().map_err(|e| {
-            if ksearch_search::is_mlx(&cfg.backend) {
+            if cfg.backend.is_mlx() {
                 let e = e.trim_start_matches("worker did not start: ").trim();
                 anyhow::anyhow!(
                     "the {} worker (python -m ksearch_mlx.worker) did not start: {e}; set KSEARCH_PYTHON to an interpreter with MLX (pip install -e python)",
@@ -449,7 +440,7 @@ fn new_search_with(
     };
     let kb = load_kb(cfg.kb_dir.as_deref());
     let profile = kb.as_ref().map(|k| {
-        let (p, warn) = k.detect(&cfg.backend, &device);
+        let (p, warn) = k.detect(cfg.backend.name(), &device);
         if let Some(w) = warn
             && !quiet
         {
@@ -905,7 +896,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
         return crate::torch_export::export(&store, run_id, output);
     }
     let row = store.run(run_id)?;
-    if !ksearch_search::is_mlx(&row.backend) {
+    if !row.backend.parse::<Backend>().is_ok_and(Backend::is_mlx) {
         bail!(
             "run {run_id} searched the {} back-end; --mlx exports runs of mlx-cuda or mlx-metal (ksearch run {} --backend mlx)",
             row.backend,
@@ -927,7 +918,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
     // The kernel's constraints travel with it, so the exported function refuses shapes the
     // specialised kernel cannot handle; the task keeps only this back-end, without its kernels.
     let constraints = task
-        .kernel(&row.backend, &kernel)
+        .kernel(cfg.backend, &kernel)
         .map(|k| k.constraints.clone())
         .unwrap_or_default();
     task.backends.retain(|b, _| *b == row.backend);
@@ -1016,10 +1007,10 @@ fn bench(
             );
         }
     }
-    let seed_k = task.kernel(&cfg.backend, "seed").context("task has no seed")?.clone();
+    let seed_k = task.kernel(cfg.backend, "seed").context("task has no seed")?.clone();
     let base = match like {
         Some(n) => task
-            .kernel(&cfg.backend, n)
+            .kernel(cfg.backend, n)
             .with_context(|| format!("no kernel `{n}` in task {}", task.name))?
             .clone(),
         None => seed_k.clone(),
@@ -1036,17 +1027,17 @@ fn bench(
         }
     }
     let cand = Candidate {
-        lang: Lang::for_backend(&cfg.backend),
+        lang: cfg.backend.lang(),
         source,
         launches,
         scratch: base.scratch.clone(),
         defines: defs,
         options: Default::default(),
     };
-    let seed_cand = ksearch_search::planner::instantiate(&cfg.backend, &seed_k, &BTreeMap::new());
+    let seed_cand = ksearch_search::planner::instantiate(cfg.backend, &seed_k, &BTreeMap::new());
     let mut store = Store::open(Path::new(":memory:"))?;
     let _ = &mut store;
-    let run_id = store.create_run(&task.name, &cfg.backend, "bench", cfg.seed, "", &serde_json::json!({}))?;
+    let run_id = store.create_run(&task.name, cfg.backend.name(), "bench", cfg.seed, "", &serde_json::json!({}))?;
     let (pool, device) = start_pool(&cfg)?;
     let isolation = isolation_of(&pool);
     let mut s = new_search_with(store, run_id, cfg.clone(), task, true, Some((pool, device.clone())))?;

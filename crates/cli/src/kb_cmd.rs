@@ -103,10 +103,10 @@ fn body_sig(file: &Path, src: &str, input: &[String], output: &[String]) -> Resu
             dir.file_name().unwrap_or_default().to_string_lossy(),
             file.file_name().unwrap_or_default().to_string_lossy()
         );
-        let backend = ["mlx-metal", "mlx"]
+        let backend = [ksearch_core::Backend::MlxMetal, ksearch_core::Backend::MlxCuda]
             .into_iter()
-            .find(|b| task.backend(b).is_some())
-            .unwrap_or("mlx");
+            .find(|b| task.backend(*b).is_some())
+            .unwrap_or(ksearch_core::Backend::MlxMetal);
         return Ok(BodySig::from_task(&task, backend, Some(&rel)));
     }
     Ok(BodySig::default())

@@ -5,8 +5,9 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ksearch_core::Backend;
 use ksearch_eval::{Limits, Pool, Supervisor, WorkerSpec};
-use ksearch_search::{RunConfig, is_mlx};
+use ksearch_search::RunConfig;
 
 /// Where the `ksearch_mlx` package lives: `$KSEARCH_MLX_PATH`, else a `python/` folder holding
 /// it in the current directory or beside (an ancestor of) the executable. `None`: rely on an
@@ -65,18 +66,18 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
         cfg.devices.clone()
     };
     let mut workers = Vec::new();
-    if is_mlx(&cfg.backend) {
+    if cfg.backend.is_mlx() {
         let (program, env) = mlx_worker_command()?;
         for d in devices {
             let args = vec![
                 "-m".to_string(),
                 "ksearch_mlx.worker".into(),
                 "--backend".into(),
-                cfg.backend.clone(),
+                cfg.backend.to_string(),
                 "--device".into(),
                 d.to_string(),
                 "--cache".into(),
-                cfg.cache_dir.join(&cfg.backend).display().to_string(),
+                cfg.cache_dir.join(cfg.backend.name()).display().to_string(),
             ];
             workers.push(
                 Supervisor::new(
@@ -93,18 +94,18 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
         return Ok(Pool::new(workers));
     }
     // Several workers per device, interleaved (one of each device, then the next).
-    let per_device = workers_per_device(&cfg.backend, cfg.workers, devices.len());
+    let per_device = workers_per_device(cfg.backend, cfg.workers, devices.len());
     let mut of_device = Vec::new();
     for d in (0..per_device).flat_map(|_| devices.iter().copied()) {
         of_device.push(d);
         let mut args = vec![
             "worker".to_string(),
             "--backend".into(),
-            cfg.backend.clone(),
+            cfg.backend.to_string(),
             "--cache".into(),
         ];
-        args.push(cfg.cache_dir.join(&cfg.backend).display().to_string());
-        if cfg.backend != "cpu" {
+        args.push(cfg.cache_dir.join(cfg.backend.name()).display().to_string());
+        if cfg.backend.is_gpu() {
             args.push("--device".into());
             args.push(d.to_string());
         } else {
@@ -112,7 +113,7 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
             args.push(cfg.mem_limit_bytes.to_string());
         }
         let mut env = Vec::new();
-        if cfg.backend == "cpu" && std::env::var("OMP_NUM_THREADS").is_err() {
+        if cfg.backend == Backend::Cpu && std::env::var("OMP_NUM_THREADS").is_err() {
             let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
             env.push(("OMP_NUM_THREADS".into(), n.to_string()));
         }
@@ -125,7 +126,7 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
                 },
                 limits,
             )
-            .launched_by(cfg.launcher.clone(), cfg.backend != "cpu"),
+            .launched_by(cfg.launcher.clone(), cfg.backend.is_gpu()),
         );
     }
     Ok(Pool::with_devices(workers, of_device))
@@ -134,14 +135,14 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
 /// Worker processes per device: `configured` when above 0, else 3 per GPU (at most the CPU
 /// count shared over the devices) and 1 on the CPU back-end (its measurements run on the cores
 /// a compile would use). The MLX worker serves one per device (it takes no device lock).
-pub fn workers_per_device(backend: &str, configured: u32, devices: usize) -> usize {
-    if is_mlx(backend) {
+pub fn workers_per_device(backend: Backend, configured: u32, devices: usize) -> usize {
+    if backend.is_mlx() {
         return 1;
     }
     if configured > 0 {
         return configured as usize;
     }
-    if backend == "cpu" {
+    if backend == Backend::Cpu {
         return 1;
     }
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);

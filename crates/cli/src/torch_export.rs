@@ -124,7 +124,7 @@ fn doc_text(s: &str) -> String {
 
 pub fn export(store: &Store, run_id: i64, output: &Path) -> Result<i32> {
     let row = store.run(run_id)?;
-    if row.backend != "cuda" {
+    if row.backend.parse::<ksearch_core::Backend>() != Ok(ksearch_core::Backend::Cuda) {
         bail!(
             "run {run_id} searched the {} back-end; --torch exports runs of the cuda back-end (ksearch run {} --backend cuda, on a machine with an NVIDIA GPU)",
             row.backend,
@@ -147,11 +147,11 @@ pub fn export(store: &Store, run_id: i64, output: &Path) -> Result<i32> {
         bail!("run {run_id}: the best candidate is not CUDA C++ ({:?})", cand.lang);
     }
     let backend = task
-        .backend("cuda")
+        .backend(ksearch_core::Backend::Cuda)
         .with_context(|| format!("task {} has no cuda section any more", task.name))?;
     // The kernel family's constraints and shape-tied tunables; a candidate the LLM coder wrote
     // has no family of its own: it keeps the seed's constraints (those of the task's shapes).
-    let family: Option<&KernelSpec> = task.kernel("cuda", &kernel);
+    let family: Option<&KernelSpec> = task.kernel(ksearch_core::Backend::Cuda, &kernel);
     let llm_written = family.is_none();
     let constraints = family.unwrap_or(&backend.seed).constraints.clone();
     let spec: Vec<(String, Vec<i64>)> = family

@@ -55,12 +55,12 @@ fn pool(cache: &Path, n: usize, env: &[(&str, &str)]) -> Pool {
 
 /// A request for knowledge-base kernel `kernel` of the `bad` task (the seed is `good`).
 fn request(t: &Task, id: u64, kernel: &str, defines: &[(&str, i64)]) -> EvalRequest {
-    let k = t.kernel("cpu", kernel).unwrap_or_else(|| panic!("no kernel {kernel}"));
-    let b = t.backend("cpu").expect("cpu back-end");
+    let k = t.kernel(ksearch_core::Backend::Cpu, kernel).unwrap_or_else(|| panic!("no kernel {kernel}"));
+    let b = t.backend(ksearch_core::Backend::Cpu).expect("cpu back-end");
     EvalRequest {
         id,
         task: t.clone(),
-        backend: "cpu".into(),
+        backend: ksearch_core::Backend::Cpu,
         candidate: Candidate {
             lang: Lang::Cpp,
             source: k.source.clone(),
@@ -172,7 +172,7 @@ fn two_workers_never_measure_at_the_same_time() {
 
     // While someone else holds the device's lock, a worker may compile but not measure: its
     // measured phase begins after the lock is released.
-    let mut lock = DeviceLock::new(d.path(), "cpu", 0);
+    let mut lock = DeviceLock::new(d.path(), ksearch_core::Backend::Cpu, 0);
     let hold = lock.acquire().expect("lock");
     let req = request(&t, 99, "seed", &[("VARIANT", 99)]);
     let reply = std::thread::scope(|s| {

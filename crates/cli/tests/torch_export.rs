@@ -64,7 +64,7 @@ fn row(task: &Task, axes: &Workload, defines: Option<BTreeMap<String, i64>>, us:
 /// search records one. Returns nothing: the run is run 1, 2, … in creation order.
 fn record_run(db: &Path, task_name: &str, backend: &str, kernel: &str, workloads: &[(Workload, Option<i64>, f64)]) {
     let t = task(task_name);
-    let b = t.backend(backend).unwrap();
+    let b = t.backend(backend.parse().unwrap()).unwrap();
     let k = if kernel == "seed" {
         &b.seed
     } else {

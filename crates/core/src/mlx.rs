@@ -79,7 +79,7 @@ pub struct LaunchIo {
 
 /// The launches of `k` on `backend`: task tensors with the back-end's dtypes, scratch buffers
 /// with their own (f32 by default); empty lists mean every task input / output.
-pub fn launch_io(task: &crate::Task, backend: &str, k: &crate::KernelSpec) -> Vec<LaunchIo> {
+pub fn launch_io(task: &crate::Task, backend: crate::Backend, k: &crate::KernelSpec) -> Vec<LaunchIo> {
     let dtype_of = |n: &str| -> String {
         if let Some(t) = task.inputs.iter().chain(&task.outputs).find(|t| t.name == n) {
             return task.dtype_on(backend, t).name().to_string();

@@ -22,13 +22,8 @@ pub enum Lang {
 }
 
 impl Lang {
-    pub fn for_backend(backend: &str) -> Lang {
-        match backend {
-            "cuda" => Lang::Cuda,
-            "mlx" | "mlx-cuda" => Lang::MlxCuda,
-            "mlx-metal" => Lang::MlxMetal,
-            _ => Lang::Cpp,
-        }
+    pub fn for_backend(backend: crate::Backend) -> Lang {
+        backend.lang()
     }
 }
 
@@ -164,7 +159,7 @@ pub enum Request {
 pub struct EvalRequest {
     pub id: u64,
     pub task: Task,
-    pub backend: String,
+    pub backend: crate::Backend,
     pub candidate: Candidate,
     pub workloads: Vec<WorkloadReq>,
     pub timing: TimingReq,

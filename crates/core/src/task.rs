@@ -590,6 +590,9 @@ impl Task {
         let dir = self.dir.clone();
         for (bname, b) in self.backends.iter_mut() {
             let sect = format!("[backends.{bname}");
+            if let Err(e) = bname.parse::<crate::Backend>() {
+                return Err(inv(&sect, format!("[backends.{bname}]: {e}")));
+            }
             if b.search.is_empty() {
                 return Err(inv(&sect, format!("backends.{bname}: no search workloads")));
             }
@@ -732,20 +735,20 @@ impl Task {
         Ok(())
     }
 
-    pub fn backend(&self, name: &str) -> Option<&BackendSpec> {
-        self.backends.get(name)
+    pub fn backend(&self, b: crate::Backend) -> Option<&BackendSpec> {
+        self.backends.get(b.name())
     }
 
     /// The dtype of tensor `name` on back-end `backend` (override or declared).
-    pub fn dtype_on(&self, backend: &str, t: &TensorSpec) -> DType {
+    pub fn dtype_on(&self, backend: crate::Backend, t: &TensorSpec) -> DType {
         self.backends
-            .get(backend)
+            .get(backend.name())
             .and_then(|b| b.dtypes.get(&t.name).copied())
             .unwrap_or(t.dtype)
     }
 
     /// Bytes every evaluation must move at least once (inputs read, outputs written).
-    pub fn min_bytes(&self, backend: &str, w: &Workload) -> Result<f64, String> {
+    pub fn min_bytes(&self, backend: crate::Backend, w: &Workload) -> Result<f64, String> {
         let mut total = 0.0;
         for t in self.inputs.iter().chain(&self.outputs) {
             let n: usize = shape_of(t, w)?.iter().product();
@@ -769,14 +772,14 @@ impl Task {
     }
 
     /// Every kernel of a back-end, seed first.
-    pub fn kernels(&self, backend: &str) -> Vec<&KernelSpec> {
-        match self.backends.get(backend) {
+    pub fn kernels(&self, backend: crate::Backend) -> Vec<&KernelSpec> {
+        match self.backends.get(backend.name()) {
             Some(b) => std::iter::once(&b.seed).chain(b.kernels.iter()).collect(),
             None => Vec::new(),
         }
     }
 
-    pub fn kernel(&self, backend: &str, name: &str) -> Option<&KernelSpec> {
+    pub fn kernel(&self, backend: crate::Backend, name: &str) -> Option<&KernelSpec> {
         self.kernels(backend).into_iter().find(|k| k.name == name)
     }
 }

@@ -40,7 +40,7 @@ impl HostTensor {
 }
 
 /// Fresh inputs for workload `w`, drawn from its seed.
-pub fn make_inputs(task: &Task, backend: &str, w: &WorkloadReq) -> Result<Vec<HostTensor>, String> {
+pub fn make_inputs(task: &Task, backend: ksearch_core::Backend, w: &WorkloadReq) -> Result<Vec<HostTensor>, String> {
     task.inputs
         .iter()
         .enumerate()
@@ -62,7 +62,7 @@ pub fn make_inputs(task: &Task, backend: &str, w: &WorkloadReq) -> Result<Vec<Ho
 }
 
 /// Output element counts and dtypes for workload `w`.
-pub fn output_specs(task: &Task, backend: &str, w: &WorkloadReq) -> Result<Vec<(String, usize, DType)>, String> {
+pub fn output_specs(task: &Task, backend: ksearch_core::Backend, w: &WorkloadReq) -> Result<Vec<(String, usize, DType)>, String> {
     task.outputs
         .iter()
         .map(|t| {
@@ -102,7 +102,12 @@ pub fn host_reference(task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Re
 }
 
 /// Check every output against the reference; the merged check and the failure it implies.
-pub fn check_outputs(task: &Task, backend: &str, outputs: &[Vec<u8>], refs: &[Vec<f64>]) -> (Check, Option<Failure>) {
+pub fn check_outputs(
+    task: &Task,
+    backend: ksearch_core::Backend,
+    outputs: &[Vec<u8>],
+    refs: &[Vec<f64>],
+) -> (Check, Option<Failure>) {
     check_outputs_with(task, backend, outputs, refs, |i, out, r, tol| {
         data::check(out, task.dtype_on(backend, &task.outputs[i]), r, tol)
     })
@@ -111,7 +116,7 @@ pub fn check_outputs(task: &Task, backend: &str, outputs: &[Vec<u8>], refs: &[Ve
 /// `check_outputs` with the element check supplied (output index, bytes, reference, tolerance).
 pub fn check_outputs_with(
     task: &Task,
-    backend: &str,
+    backend: ksearch_core::Backend,
     outputs: &[Vec<u8>],
     refs: &[Vec<f64>],
     check: impl Fn(usize, &[u8], &[f64], ksearch_core::task::Tolerance) -> Check,
@@ -159,7 +164,11 @@ pub fn check_outputs_with(
 /// drawn on several threads: large tensors are cut into parts, each part's generator skipped
 /// ahead to its first element. Large workloads (attention 4x32x2048x128: 100 M values) otherwise
 /// spend seconds here per evaluation.
-pub fn make_inputs_parallel(task: &Task, backend: &str, ws: &[WorkloadReq]) -> Result<Vec<Vec<HostTensor>>, String> {
+pub fn make_inputs_parallel(
+    task: &Task,
+    backend: ksearch_core::Backend,
+    ws: &[WorkloadReq],
+) -> Result<Vec<Vec<HostTensor>>, String> {
     make_inputs_parts(task, backend, ws, 1 << 20, |n| n)
 }
 
@@ -191,7 +200,7 @@ fn draw_part(init: &ksearch_core::task::Init, dtype: ksearch_core::task::DType, 
 /// first `n` are the same either way).
 pub fn make_inputs_parts(
     task: &Task,
-    backend: &str,
+    backend: ksearch_core::Backend,
     ws: &[WorkloadReq],
     min_part: usize,
     len: impl Fn(usize) -> usize,
@@ -294,7 +303,7 @@ pub fn make_inputs_parts(
 /// tolerance of its own) goes through `check_outputs` itself, for its exact report.
 pub fn check_outputs_parallel(
     task: &Task,
-    backend: &str,
+    backend: ksearch_core::Backend,
     outputs: &[Vec<u8>],
     refs: &[Vec<f64>],
     poisons: &[Vec<u8>],
@@ -393,7 +402,7 @@ pub struct Hold {
 }
 
 impl DeviceLock {
-    pub fn new(cache: &std::path::Path, backend: &str, device: usize) -> DeviceLock {
+    pub fn new(cache: &std::path::Path, backend: ksearch_core::Backend, device: usize) -> DeviceLock {
         DeviceLock {
             path: cache.join("locks").join(format!("{backend}-{device}.lock")),
             file: None,

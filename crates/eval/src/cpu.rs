@@ -37,7 +37,7 @@ impl CpuBackend {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         // A reference the task brings is compiled into the same verified cache.
         crate::task_ref::set_cache_dir(cache.clone());
-        let lock = crate::common::DeviceLock::new(&cache, "cpu", 0);
+        let lock = crate::common::DeviceLock::new(&cache, ksearch_core::Backend::Cpu, 0);
         let mut b = CpuBackend {
             cache,
             compiler,
@@ -345,7 +345,10 @@ impl Backend for CpuBackend {
         };
         reply.overhead_s += t.elapsed().as_secs_f64();
         progress("compiled");
-        let mut lock = std::mem::replace(&mut dev.backend.lock, crate::common::DeviceLock::new(Path::new(""), "cpu", 0));
+        let mut lock = std::mem::replace(
+            &mut dev.backend.lock,
+            crate::common::DeviceLock::new(Path::new(""), ksearch_core::Backend::Cpu, 0),
+        );
         judge_request(&mut dev, req, progress, &mut reply, &mut lock);
         dev.backend.lock = lock;
         reply.resources = Resources::default();
@@ -373,7 +376,7 @@ impl<'a> CpuDevice<'a> {
         for w in &req.workloads {
             let mut mine = Vec::new();
             let ins = make_input_sizes(req, w).map_err(infra)?;
-            let outs = output_specs(&req.task, &req.backend, w).map_err(infra)?;
+            let outs = output_specs(&req.task, req.backend, w).map_err(infra)?;
             for b in ins.into_iter().chain(outs.iter().map(|(_, n, dt)| n * dt.size())) {
                 mine.push(sizes.len());
                 sizes.push(b);
@@ -471,7 +474,7 @@ fn make_input_sizes(req: &EvalRequest, w: &ksearch_core::protocol::WorkloadReq) 
         .iter()
         .map(|t| {
             let n: usize = ksearch_core::task::shape_of(t, &w.axes)?.iter().product();
-            Ok(n * req.task.dtype_on(&req.backend, t).size())
+            Ok(n * req.task.dtype_on(req.backend, t).size())
         })
         .collect()
 }

@@ -481,12 +481,12 @@ pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut 
         }
     }
     for task in tasks {
-        let Some(b) = task.backend("cuda") else {
+        let Some(b) = task.backend(ksearch_core::Backend::Cuda) else {
             report(&format!("skip  {}: no [backends.cuda]", task.name));
             continue;
         };
         let workloads: Vec<Workload> = b.search.clone();
-        for k in task.kernels("cuda") {
+        for k in task.kernels(ksearch_core::Backend::Cuda) {
             let configs = admitted_configs(k, &workloads, max_configs);
             if configs.is_empty() {
                 n += 1;
@@ -767,7 +767,7 @@ impl CudaBackend {
         }
         let flush_bytes = (2 * l2_bytes).max(64 << 20);
         let flush = DevBuf::alloc(flush_bytes).map_err(|e| format!("cannot allocate the L2 flush buffer: {}", drv_err(e)))?;
-        let lock = crate::common::DeviceLock::new(&cache, "cuda", ordinal);
+        let lock = crate::common::DeviceLock::new(&cache, ksearch_core::Backend::Cuda, ordinal);
         let mut b = CudaBackend {
             ordinal,
             cache,
@@ -932,7 +932,7 @@ impl CudaBackend {
         // SAFETY: `m` is a live module.
         let f = unsafe { cu::module::get_function(m, cname) }
             .map_err(|e| fail(FailureClass::Infra, format!("device reference {entry}: {}", drv_err(e))))?;
-        let outs = output_specs(task, "cuda", w).map_err(|e| fail(FailureClass::Infra, e))?;
+        let outs = output_specs(task, ksearch_core::Backend::Cuda, w).map_err(|e| fail(FailureClass::Infra, e))?;
         let mut ibufs = Vec::new();
         for t in inputs {
             let b = alloc(t.values.len() * 8, "a reference input")?;
@@ -1217,7 +1217,7 @@ impl CudaBackend {
             reply.resources.stack_bytes = func_attr(*f, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES).map(|v| v as u64);
         }
         progress("compiled");
-        let placeholder = crate::common::DeviceLock::new(&self.cache, "cuda", self.ordinal);
+        let placeholder = crate::common::DeviceLock::new(&self.cache, ksearch_core::Backend::Cuda, self.ordinal);
         let mut lock = std::mem::replace(&mut self.lock, placeholder);
         let mut dev = CudaDevice {
             be: self,

@@ -111,7 +111,7 @@ fn pool_extra(n: usize) -> usize {
     (n / 4).max(4096)
 }
 
-fn make_pools(task: &Task, backend: &str, w: &WorkloadReq) -> Result<Vec<Pool>, String> {
+fn make_pools(task: &Task, backend: ksearch_core::Backend, w: &WorkloadReq) -> Result<Vec<Pool>, String> {
     let drawn = crate::common::make_inputs_parts(task, backend, std::slice::from_ref(w), 1 << 20, |n| n + pool_extra(n))?;
     Ok(drawn
         .into_iter()
@@ -145,7 +145,7 @@ struct Seen {
 fn judge_workload(
     dev: &mut dyn Device,
     task: &Task,
-    backend: &str,
+    backend: ksearch_core::Backend,
     index: usize,
     w: &WorkloadReq,
     timing: &TimingReq,
@@ -279,7 +279,7 @@ fn pools_extra_of(p: &Pool) -> usize {
 fn verify(
     dev: &mut dyn Device,
     task: &Task,
-    backend: &str,
+    backend: ksearch_core::Backend,
     w: &WorkloadReq,
     pools: &[Pool],
     s: &Seen,
@@ -331,7 +331,7 @@ fn verify(
 /// Every element of every output, on several threads for large outputs.
 fn check_outputs_poisoned(
     task: &Task,
-    backend: &str,
+    backend: ksearch_core::Backend,
     outputs: &[Vec<u8>],
     refs: &[Vec<f64>],
     poisons: &[Vec<u8>],
@@ -363,12 +363,12 @@ pub fn judge_request(
         let t = std::time::Instant::now();
         let mut k = 0.0;
         let mut waited = 0.0;
-        let judged = match make_pools(&req.task, &req.backend, w) {
+        let judged = match make_pools(&req.task, req.backend, w) {
             Err(e) => Err(Stop::fail(FailureClass::Infra, e)),
             Ok(pools) => match lock.acquire() {
                 Err(e) => Err(Stop::fatal(FailureClass::Infra, e)),
                 Ok(hold) => {
-                    let r = judge_workload(dev, &req.task, &req.backend, i, w, &req.timing, req.check_only, pools, &mut k);
+                    let r = judge_workload(dev, &req.task, req.backend, i, w, &req.timing, req.check_only, pools, &mut k);
                     let span = lock.release(hold);
                     waited = hold.waited_s;
                     reply.device_s += span[1] - span[0];

@@ -77,10 +77,10 @@ pub fn wrap(
 pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut dyn FnMut(&str)) -> (usize, usize) {
     let (mut n, mut failed) = (0usize, 0usize);
     for task in tasks {
-        let Some(b) = task.backend("mlx-cuda") else {
+        let Some(b) = task.backend(ksearch_core::Backend::MlxCuda) else {
             continue;
         };
-        for k in task.kernels("mlx-cuda") {
+        for k in task.kernels(ksearch_core::Backend::MlxCuda) {
             let mut jobs: Vec<(BTreeMap<String, i64>, Workload)> = Vec::new();
             if let Some(w0) = b.search.first() {
                 for c in admitted_configs(k, std::slice::from_ref(w0), max_configs) {
@@ -99,7 +99,7 @@ pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut 
                 report(&format!("FAIL  {}/mlx-cuda/{}: no admitted configuration", task.name, k.name));
                 continue;
             }
-            let sigs = ksearch_core::mlx::launch_io(task, "mlx-cuda", k);
+            let sigs = ksearch_core::mlx::launch_io(task, ksearch_core::Backend::MlxCuda, k);
             for (c, w) in jobs {
                 let mut template = w.clone();
                 template.extend(c.iter().map(|(a, v)| (a.clone(), *v)));

@@ -125,7 +125,7 @@ fn softmax_request(id: u64, file: &str, shared: &str, w: Workload, check_only: b
             options: BTreeMap::new(),
         },
         workloads: vec![wreq(&t, w, 1000 + id)],
-        backend: "cuda".into(),
+        backend: ksearch_core::Backend::Cuda,
         task: t,
         timing: TimingReq {
             warmup: 2,
@@ -192,7 +192,7 @@ fn device_references_match_host_references() {
     for (name, w) in cases {
         let t = task(name);
         let r = wreq(&t, w, 7);
-        let inputs = make_inputs(&t, "cuda", &r).unwrap();
+        let inputs = make_inputs(&t, ksearch_core::Backend::Cuda, &r).unwrap();
         let host = host_reference(&t, &r, &inputs).unwrap();
         let dev = b
             .device_reference(&t, &r, &inputs)
@@ -234,7 +234,7 @@ fn device_references_are_fast_at_scale() {
     ] {
         let t = task(name);
         let r = wreq(&t, w, 3);
-        let inputs = make_inputs(&t, "cuda", &r).unwrap();
+        let inputs = make_inputs(&t, ksearch_core::Backend::Cuda, &r).unwrap();
         // Once to compile and warm up, once timed.
         b.device_reference(&t, &r, &inputs).unwrap().unwrap();
         let t0 = Instant::now();
@@ -330,14 +330,14 @@ fn shipped_cuda_kernels_pass() {
     let mut id = 100;
     let mut failed = Vec::new();
     for t in &tasks {
-        let Some(b) = t.backend("cuda") else { continue };
-        for k in t.kernels("cuda") {
+        let Some(b) = t.backend(ksearch_core::Backend::Cuda) else { continue };
+        for k in t.kernels(ksearch_core::Backend::Cuda) {
             id += 1;
             let defines = k.default_config();
             let req = EvalRequest {
                 id,
                 task: t.clone(),
-                backend: "cuda".into(),
+                backend: ksearch_core::Backend::Cuda,
                 candidate: Candidate {
                     lang: Lang::Cuda,
                     source: k.source.clone(),
@@ -412,10 +412,10 @@ fn host_costs_at_scale() {
         11,
     );
     let t0 = Instant::now();
-    let inputs = make_inputs(&t, "cuda", &r).unwrap();
+    let inputs = make_inputs(&t, ksearch_core::Backend::Cuda, &r).unwrap();
     let draw_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let par = ksearch_eval::common::make_inputs_parallel(&t, "cuda", std::slice::from_ref(&r)).unwrap();
+    let par = ksearch_eval::common::make_inputs_parallel(&t, ksearch_core::Backend::Cuda, std::slice::from_ref(&r)).unwrap();
     let gen_par = t1.elapsed().as_secs_f64();
     assert_eq!(par.len(), 1);
     for (a, b) in inputs.iter().zip(&par[0]) {
@@ -425,7 +425,7 @@ fn host_costs_at_scale() {
     let refs: Vec<Vec<f64>> = vec![inputs[0].values.clone()];
     let out = vec![inputs[0].bytes.clone()];
     let t2 = Instant::now();
-    let (c, _) = ksearch_eval::common::check_outputs(&t, "cuda", &out, &refs);
+    let (c, _) = ksearch_eval::common::check_outputs(&t, ksearch_core::Backend::Cuda, &out, &refs);
     let chk = t2.elapsed().as_secs_f64();
     println!(
         "host costs {}: inputs {draw_s:.2} s (parallel {gen_par:.2} s), one check of {} elements {chk:.2} s",
@@ -449,10 +449,10 @@ fn parallel_inputs_match_make_inputs() {
         let t = task(name);
         let reqs = vec![wreq(&t, w.clone(), 17), wreq(&t, w, 18)];
         for min_part in [1, 7, 1000, 1 << 20] {
-            let par = ksearch_eval::common::make_inputs_parts(&t, "cuda", &reqs, min_part, |n| n).unwrap();
+            let par = ksearch_eval::common::make_inputs_parts(&t, ksearch_core::Backend::Cuda, &reqs, min_part, |n| n).unwrap();
             assert_eq!(par.len(), reqs.len());
             for (r, got) in reqs.iter().zip(&par) {
-                let want = make_inputs(&t, "cuda", r).unwrap();
+                let want = make_inputs(&t, ksearch_core::Backend::Cuda, r).unwrap();
                 assert_eq!(want.len(), got.len());
                 for (a, b) in want.iter().zip(got) {
                     assert_eq!((&a.name, a.dtype, &a.shape), (&b.name, b.dtype, &b.shape));
@@ -472,7 +472,7 @@ fn parallel_check_matches_check_outputs() {
     let t = task("mamba_scan");
     let w = wl(&[("batch", 1), ("L", 1200), ("D", 2048), ("N", 16)]);
     let r = wreq(&t, w, 5);
-    let inputs = make_inputs(&t, "cuda", &r).unwrap();
+    let inputs = make_inputs(&t, ksearch_core::Backend::Cuda, &r).unwrap();
     // Reference: u as y (f16) and A tiled as the state (f32); outputs: the same values, perturbed.
     let y_ref: Vec<f64> = inputs[0].values.clone();
     let n_state = 2048 * 16;
@@ -481,15 +481,15 @@ fn parallel_check_matches_check_outputs() {
     let mut y_out = y_ref.iter().map(|v| v * (1.0 + 1e-3)).collect::<Vec<_>>();
     let s_out = s_ref.iter().map(|v| v + 1e-6).collect::<Vec<_>>();
     let enc = |y: &[f64], s: &[f64]| vec![data::encode(y, DType::F16), data::encode(s, DType::F32)];
-    let a = ksearch_eval::common::check_outputs(&t, "cuda", &enc(&y_out, &s_out), &refs);
-    let b = ksearch_eval::common::check_outputs_parallel(&t, "cuda", &enc(&y_out, &s_out), &refs, &[]);
+    let a = ksearch_eval::common::check_outputs(&t, ksearch_core::Backend::Cuda, &enc(&y_out, &s_out), &refs);
+    let b = ksearch_eval::common::check_outputs_parallel(&t, ksearch_core::Backend::Cuda, &enc(&y_out, &s_out), &refs, &[]);
     assert!(a.0.passed() && a.1.is_none());
     assert_eq!(a.0, b.0);
     assert!(b.1.is_none());
     // One bad element far in: the same failure.
     y_out[1_500_000] += 1.0;
-    let a = ksearch_eval::common::check_outputs(&t, "cuda", &enc(&y_out, &s_out), &refs);
-    let b = ksearch_eval::common::check_outputs_parallel(&t, "cuda", &enc(&y_out, &s_out), &refs, &[]);
+    let a = ksearch_eval::common::check_outputs(&t, ksearch_core::Backend::Cuda, &enc(&y_out, &s_out), &refs);
+    let b = ksearch_eval::common::check_outputs_parallel(&t, ksearch_core::Backend::Cuda, &enc(&y_out, &s_out), &refs, &[]);
     assert!(!a.0.passed());
     assert_eq!(a.0, b.0);
     assert_eq!(a.1.map(|f| f.message), b.1.map(|f| f.message));

@@ -51,7 +51,7 @@ struct KernelCtx {
 
 fn task_cuda_kernels(task: &Task) -> Vec<KernelCtx> {
     let mut v = Vec::new();
-    for k in task.kernels("cuda") {
+    for k in task.kernels(ksearch_core::Backend::Cuda) {
         let source = if k.source.is_empty() {
             std::fs::read_to_string(task.dir.join(&k.file)).unwrap_or_default()
         } else {

@@ -229,7 +229,7 @@ impl BodySig {
     /// The signature MLX would give a body of `task` on `backend` (`mlx` or `mlx-metal`): the
     /// task's inputs and outputs with the back-end's dtypes, and the kernel's tunables (default
     /// values) and the first search workload's axes as template parameters.
-    pub fn from_task(task: &ksearch_core::Task, backend: &str, kernel_file: Option<&str>) -> BodySig {
+    pub fn from_task(task: &ksearch_core::Task, backend: ksearch_core::Backend, kernel_file: Option<&str>) -> BodySig {
         let dt = |t: &ksearch_core::task::TensorSpec| task.dtype_on(backend, t).name().to_string();
         let mut sig = BodySig {
             inputs: task.inputs.iter().map(|t| (t.name.clone(), dt(t))).collect(),

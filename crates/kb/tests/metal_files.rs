@@ -40,10 +40,10 @@ fn sig_for(path: &Path, src: &str) -> BodySig {
             dir.file_name().unwrap().to_string_lossy(),
             path.file_name().unwrap().to_string_lossy()
         );
-        let backend = ["mlx-metal", "mlx"]
+        let backend = [ksearch_core::Backend::MlxMetal, ksearch_core::Backend::MlxCuda]
             .into_iter()
-            .find(|b| task.backend(b).is_some())
-            .unwrap_or("mlx");
+            .find(|b| task.backend(*b).is_some())
+            .unwrap_or(ksearch_core::Backend::MlxMetal);
         return BodySig::from_task(&task, backend, Some(&rel));
     }
     BodySig::default()

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use ksearch_core::Backend;
 use ksearch_core::protocol::{Candidate, EvalReply, EvalRequest, Failure, FailureClass, TimingReq, WorkloadReq, workload_label};
 use ksearch_core::task::{Task, Workload};
 use ksearch_core::tree::{Action, Assessment, Node, NodeStatus, Tree};
@@ -23,7 +24,7 @@ use crate::planner::{Ctx, Outcome, Planner, Proposal, TreeEdit, validate_edit};
 pub struct RunConfig {
     pub task: String,
     pub task_path: PathBuf,
-    pub backend: String,
+    pub backend: Backend,
     pub planner: String,
     pub rounds: u32,
     pub patience: u32,
@@ -110,16 +111,11 @@ pub fn mix(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `mlx-cuda` or `mlx-metal`: the back-ends served by the Python MLX worker.
-pub fn is_mlx(backend: &str) -> bool {
-    backend.starts_with("mlx")
-}
-
 macro_rules! ctx {
     ($s:ident) => {
         Ctx {
             task: &$s.task,
-            backend: &$s.cfg.backend,
+            backend: $s.cfg.backend,
             kb: $s.kb.as_ref(),
             tree: &$s.tree,
             round: $s.round,
@@ -167,7 +163,7 @@ pub struct Search {
 pub struct Report {
     pub run: i64,
     pub task: String,
-    pub backend: String,
+    pub backend: Backend,
     pub device: String,
     pub rounds: u32,
     pub evaluations: u64,
@@ -536,7 +532,7 @@ impl Search {
     }
 
     fn request(&mut self, cand: &Candidate, heldout: bool, check_only: bool) -> EvalRequest {
-        let b = self.task.backend(&self.cfg.backend).expect("backend checked at start");
+        let b = self.task.backend(self.cfg.backend).expect("backend checked at start");
         let list = if heldout { b.heldout.clone() } else { b.search.clone() };
         self.request_for(cand, &list, heldout as u64, check_only)
     }
@@ -547,7 +543,7 @@ impl Search {
         EvalRequest {
             id: self.evals,
             task: self.task.clone(),
-            backend: self.cfg.backend.clone(),
+            backend: self.cfg.backend,
             candidate: cand.clone(),
             workloads: ws,
             timing: self.cfg.timing.clone(),
@@ -560,7 +556,7 @@ impl Search {
     /// (e.g. `HD == D`) is specialised per workload (same source, same other tunables), one
     /// request per distinct build. Search and held-out workloads are treated alike.
     fn plan(&mut self, cand: &Candidate, kernel: &str, list: &[Workload], heldout: bool) -> Planned {
-        let spec = self.task.kernel(&self.cfg.backend, kernel).cloned();
+        let spec = self.task.kernel(self.cfg.backend, kernel).cloned();
         let mut groups: Vec<(BTreeMap<String, i64>, Vec<Workload>)> = Vec::new();
         for w in list {
             let mut c = cand.defines.clone();
@@ -679,7 +675,7 @@ impl Search {
         let profile = self.profile.as_deref().and_then(|p| kb.profile(p))?;
         let forbid = self
             .task
-            .backend(&self.cfg.backend)
+            .backend(self.cfg.backend)
             .map(|b| b.forbid.clone())
             .unwrap_or_default();
         let v = ksearch_kb::check_source(kb, &cand.source, cand.lang, profile, &forbid, None);
@@ -695,7 +691,7 @@ impl Search {
 
     /// Evaluate `cand` as it is (one build for every shape).
     fn evaluate(&mut self, cand: &Candidate, heldout: bool) -> (EvalReply, f64) {
-        let b = self.task.backend(&self.cfg.backend).expect("backend checked at start");
+        let b = self.task.backend(self.cfg.backend).expect("backend checked at start");
         let list = if heldout { b.heldout.clone() } else { b.search.clone() };
         self.evaluate_built(cand, "", &list, heldout)
     }
@@ -752,7 +748,7 @@ impl Search {
 
     /// Evaluate on the search workloads with the build each shape needs.
     fn evaluate_search(&mut self, cand: &Candidate, kernel: &str) -> (EvalReply, f64) {
-        let b = self.task.backend(&self.cfg.backend).expect("backend").clone();
+        let b = self.task.backend(self.cfg.backend).expect("backend").clone();
         self.evaluate_built(cand, kernel, &b.search, false)
     }
 
@@ -808,10 +804,10 @@ impl Search {
     fn measure_seed(&mut self, mut root: Node) -> Result<()> {
         let seed_k = self
             .task
-            .kernel(&self.cfg.backend, "seed")
+            .kernel(self.cfg.backend, "seed")
             .context("task has no seed")?
             .clone();
-        let cand = crate::planner::instantiate(&self.cfg.backend, &seed_k, &BTreeMap::new());
+        let cand = crate::planner::instantiate(self.cfg.backend, &seed_k, &BTreeMap::new());
         let (reply, wall) = self.evaluate_retrying_infra(|s| s.evaluate(&cand, false));
         if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
             let why = format!("infrastructure failure (not the seed's): {}", first_line(&f.message));
@@ -1196,13 +1192,13 @@ impl Search {
             .cloned()
             .collect();
         ranked.sort_by(|a, b| b.speedup.partial_cmp(&a.speedup).unwrap_or(std::cmp::Ordering::Equal));
-        let b = self.task.backend(&self.cfg.backend).expect("backend").clone();
+        let b = self.task.backend(self.cfg.backend).expect("backend").clone();
         let labels: Vec<String> = b.search.iter().map(|w| workload_label(w, &self.task.axes)).collect();
         let device = self.evaluator.device();
         let mut report = Report {
             run: rid,
             task: self.task.name.clone(),
-            backend: self.cfg.backend.clone(),
+            backend: self.cfg.backend,
             device,
             rounds: round,
             evaluations: 0,
@@ -1380,7 +1376,7 @@ impl Search {
                 Some(why) => self.log(&format!("final: node {}: {why}; trying the next best", f.node.id)),
             }
         }
-        if is_mlx(&self.cfg.backend) && !report.best_us.is_empty() {
+        if self.cfg.backend.is_mlx() && !report.best_us.is_empty() {
             report.native = Some(self.native_baseline(&seed_cand, &report.best_us)?);
         }
         report.evaluations = self.store.count_evaluations(rid)?;

@@ -13,6 +13,6 @@ pub mod planner;
 
 pub use engine::{
     Event, HeldOut, NO_FASTER, NOISY_SPREAD, Native, Parts, Report, Retimed, RunConfig, RunEnd, Search, StopRules, failure_of,
-    is_mlx, max_spread, measured_impacts, mix, more_reps, noise_line,
+    max_spread, measured_impacts, mix, more_reps, noise_line,
 };
 pub use evaluator::Evaluator;

@@ -19,6 +19,7 @@ use anyhow::{Result, bail};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
+use ksearch_core::Backend;
 use ksearch_core::protocol::{Candidate, EvalReply, Lang};
 use ksearch_core::tree::{self, Action, Assessment, Node, NodeStatus, Tree};
 use ksearch_llm::prompts::{
@@ -550,7 +551,7 @@ impl LlmPlanner {
                 e
             })
             .unwrap_or_default();
-        let signature = if ctx.backend == "cpu" {
+        let signature = if ctx.backend == Backend::Cpu {
             format!(
                 "extern \"C\" void {}(void** bufs, const int64_t* dims)",
                 entries.first().map(String::as_str).unwrap_or("kernel")

@@ -5,6 +5,7 @@
 use anyhow::Result;
 use std::collections::{BTreeMap, BTreeSet};
 
+use ksearch_core::Backend;
 use ksearch_core::protocol::{Candidate, EvalReply, Failure, Lang};
 use ksearch_core::task::{KernelSpec, Task};
 use ksearch_core::tree::{Action, Assessment, Impact, Node, NodeStatus, Tree};
@@ -12,7 +13,7 @@ use ksearch_core::tree::{Action, Assessment, Impact, Node, NodeStatus, Tree};
 /// What a planner sees.
 pub struct Ctx<'a> {
     pub task: &'a Task,
-    pub backend: &'a str,
+    pub backend: Backend,
     pub kb: Option<&'a ksearch_kb::Kb>,
     pub tree: &'a Tree,
     pub round: u32,
@@ -112,7 +113,7 @@ pub trait Planner {
 }
 
 /// The candidate for `kernel` with tunable values `config`.
-pub fn instantiate(backend: &str, k: &KernelSpec, config: &BTreeMap<String, i64>) -> Candidate {
+pub fn instantiate(backend: Backend, k: &KernelSpec, config: &BTreeMap<String, i64>) -> Candidate {
     Candidate {
         lang: Lang::for_backend(backend),
         source: k.source.clone(),
@@ -165,7 +166,7 @@ impl Offline {
         }
     }
 
-    fn admitted(task: &Task, backend: &str, k: &KernelSpec, c: &BTreeMap<String, i64>) -> bool {
+    fn admitted(task: &Task, backend: Backend, k: &KernelSpec, c: &BTreeMap<String, i64>) -> bool {
         let Some(b) = task.backend(backend) else { return false };
         // Search workloads only (the search must not peek at held-out shapes); each may take
         // its own build of the shape-tied tunables (`KernelSpec::specialise`), so a family
@@ -174,7 +175,7 @@ impl Offline {
     }
 
     /// The default configuration, or the first admitted one in lexicographic order.
-    fn start_config(task: &Task, backend: &str, k: &KernelSpec) -> Option<BTreeMap<String, i64>> {
+    fn start_config(task: &Task, backend: Backend, k: &KernelSpec) -> Option<BTreeMap<String, i64>> {
         let d = k.default_config();
         if Self::admitted(task, backend, k, &d) {
             return Some(d);
@@ -406,7 +407,7 @@ mod tests {
         let tree = Tree::default();
         let ctx = Ctx {
             task: &task,
-            backend: "cpu",
+            backend: Backend::Cpu,
             kb: None,
             tree: &tree,
             round: 1,
@@ -429,7 +430,7 @@ mod tests {
 
     #[test]
     fn an_adopted_kernel_behind_the_seed_is_still_tuned_but_a_regressing_step_is_not() {
-        let k = softmax().kernel("cpu", "rows_simd").unwrap().clone();
+        let k = softmax().kernel(Backend::Cpu, "rows_simd").unwrap().clone();
         let cfg = k.default_config();
         let adopt = || Action::Adopt {
             kernel: k.name.clone(),

@@ -229,7 +229,7 @@ impl Bench {
         RunConfig {
             task: "shapes".into(),
             task_path: self.task.dir.join("task.toml"),
-            backend: "cpu".into(),
+            backend: ksearch_core::Backend::Cpu,
             planner: "offline".into(),
             rounds,
             patience,
