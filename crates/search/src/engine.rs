@@ -468,10 +468,12 @@ impl Search {
                 // A fresh tree gets the planner's first actions; otherwise a planner
                 // initialisation that failed before is tried again.
                 let props = if self.tree.nodes.len() == 1 {
-                    self.planner.init(&ctx!(self))?
+                    self.planner.init(&ctx!(self))
                 } else {
-                    self.planner.resumed(&ctx!(self))?
+                    self.planner.resumed(&ctx!(self))
                 };
+                self.planner_notes();
+                let props = props?;
                 for p in props {
                     self.insert(p)?;
                 }
@@ -490,6 +492,7 @@ impl Search {
     fn drive(&mut self, stop: StopRules) -> Result<RunEnd> {
         let evals0 = self.store.count_evaluations(self.run_id)?;
         let reason = loop {
+            self.planner_notes();
             if self.round >= stop.rounds {
                 break "round budget reached".to_string();
             }
@@ -858,7 +861,9 @@ impl Search {
 
     /// The planner's first actions under the seed.
     fn open_first(&mut self) -> Result<()> {
-        let props = self.planner.init(&ctx!(self))?;
+        let props = self.planner.init(&ctx!(self));
+        self.planner_notes();
+        let props = props?;
         for p in props {
             self.insert(p)?;
         }
@@ -928,6 +933,7 @@ impl Search {
         let node = self.tree.get(id).cloned().expect("node");
         let parent_speedup = node.parent.and_then(|p| self.tree.get(p)).and_then(|p| p.speedup);
         let written = self.planner.write(&ctx!(self), &node);
+        self.planner_notes();
         let (kernel, cand) = match written {
             Ok(w) => (w.kernel, w.candidate),
             Err(msg) if self.planner.stop_reason().is_some() || self.planner.retry_later() => {
@@ -1074,7 +1080,9 @@ impl Search {
             parent_speedup,
             roofline_fraction: Self::roofline_fraction(&reply),
         };
-        let edits = self.planner.update(&ctx!(self), &node, &outcome)?;
+        let edits = self.planner.update(&ctx!(self), &node, &outcome);
+        self.planner_notes();
+        let edits = edits?;
         self.check_fatal()?;
         let mut applied = Vec::new();
         for e in edits {
@@ -1176,6 +1184,13 @@ impl Search {
 
     fn log(&mut self, s: &str) {
         (self.events)(&Event::Note(s.to_string()));
+    }
+
+    /// The planner's lines, as notes.
+    fn planner_notes(&mut self) {
+        for n in self.planner.take_notes() {
+            self.log(&n);
+        }
     }
 
     /// Re-time the best candidates against the seed and validate them on held-out workloads.

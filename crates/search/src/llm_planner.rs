@@ -244,6 +244,8 @@ pub struct LlmPlanner {
     planner_streak: u32,
     /// What each role's server was found to accept, as last saved (None: not loaded yet).
     learnt: Option<[Option<Value>; 2]>,
+    /// Lines not yet taken by the engine.
+    notes: std::sync::Mutex<Vec<String>>,
 }
 
 impl LlmPlanner {
@@ -251,22 +253,25 @@ impl LlmPlanner {
         let s = settings(cfg.llm.as_ref())?;
         let planner = OpenAiCompatible::new(s.planner.clone()).map_err(|e| anyhow::anyhow!("LLM planner: {e}"))?;
         let coder = OpenAiCompatible::new(s.coder.clone()).map_err(|e| anyhow::anyhow!("LLM coder: {e}"))?;
-        if !quiet {
-            let mut warned = Vec::new();
-            for (role, m) in [("planner", &s.planner), ("coder", &s.coder)] {
-                if m.key_var().is_none() && !m.is_local() && !warned.contains(&m.base_url) {
-                    eprintln!(
-                        "warning: no API key for the LLM {role} at {} (set {} or name the key's variable with --api-key-env)",
-                        m.base_url,
-                        ksearch_llm::DEFAULT_KEY_ENV
-                    );
-                    warned.push(m.base_url.clone());
-                }
+        let mut warned = Vec::new();
+        let mut warnings = Vec::new();
+        for (role, m) in [("planner", &s.planner), ("coder", &s.coder)] {
+            if m.key_var().is_none() && !m.is_local() && !warned.contains(&m.base_url) {
+                warnings.push(format!(
+                    "warning: no API key for the LLM {role} at {} (set {} or name the key's variable with --api-key-env)",
+                    m.base_url,
+                    ksearch_llm::DEFAULT_KEY_ENV
+                ));
+                warned.push(m.base_url.clone());
             }
         }
         let root = std::env::current_dir().unwrap_or_default();
         let prompts = Prompts::discover(&root).map_err(|e| anyhow::anyhow!("{e}"))?;
-        Ok(LlmPlanner::new(Box::new(planner), Box::new(coder), prompts, s, cfg, quiet))
+        let p = LlmPlanner::new(Box::new(planner), Box::new(coder), prompts, s, cfg, quiet);
+        for w in warnings {
+            p.log(&w);
+        }
+        Ok(p)
     }
 
     pub fn new(
@@ -296,12 +301,16 @@ impl LlmPlanner {
             transport_streak: 0,
             planner_streak: 0,
             learnt: None,
+            notes: std::sync::Mutex::new(Vec::new()),
         }
     }
 
+    /// A line for the engine's events (see `Planner::take_notes`).
     fn log(&self, s: &str) {
-        if !self.quiet {
-            eprintln!("{s}");
+        if !self.quiet
+            && let Ok(mut n) = self.notes.lock()
+        {
+            n.push(s.to_string());
         }
     }
 
@@ -995,6 +1004,10 @@ impl Planner for LlmPlanner {
     fn set_deadline(&mut self, deadline: Option<std::time::Instant>) {
         self.planner.set_deadline(deadline);
         self.coder.set_deadline(deadline);
+    }
+
+    fn take_notes(&mut self) -> Vec<String> {
+        self.notes.lock().map(|mut n| std::mem::take(&mut *n)).unwrap_or_default()
     }
 
     fn resumed(&mut self, ctx: &Ctx) -> Result<Vec<Proposal>> {

@@ -105,6 +105,11 @@ pub trait Planner {
     }
     /// No call of the planner may run past `deadline` (the run's time budget).
     fn set_deadline(&mut self, _deadline: Option<std::time::Instant>) {}
+    /// Lines about what the planner did since the last call (failed calls, refused ops,
+    /// warnings); the engine passes them on as events.
+    fn take_notes(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     /// On `resume` of a tree that has its first actions: a chance to redo a missing planner
     /// initialisation. Returns the proposals to add.
     fn resumed(&mut self, _ctx: &Ctx) -> Result<Vec<Proposal>> {
