@@ -108,6 +108,18 @@ fn first_line(s: &str) -> &str {
     s.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("")
 }
 
+/// The line that says what went wrong: the first naming an error (a compiler's `In function
+/// …:` context comes before it), else the first line.
+fn failure_line(s: &str) -> &str {
+    s.lines()
+        .map(str::trim)
+        .find(|l| l.to_ascii_lowercase().contains("error"))
+        .unwrap_or_else(|| first_line(s))
+}
+
+/// At most this many characters of a failure message are shown in full.
+const MESSAGE_CHARS: usize = 4000;
+
 fn geomean(v: &[f64]) -> Option<f64> {
     if v.is_empty() || v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
         return None;
@@ -188,7 +200,8 @@ struct Data {
     /// The embedded JSON (plots, counts the page checks itself against).
     json: Value,
     nodes: Vec<Node>,
-    failure_lines: HashMap<i64, String>,
+    /// Per failed node: its last failure's line and whole message.
+    failure_lines: HashMap<i64, (String, String)>,
     retimed: HashMap<i64, Option<f64>>,
     failures: BTreeMap<String, usize>,
     calls: Vec<LlmCallRow>,
@@ -207,7 +220,7 @@ fn collect(store: &Store, row: &RunRow, kb: Option<&ksearch_kb::Kb>, report: Opt
         if let Some((class, msg)) = failure_of(&e.reply) {
             *failures.entry(class).or_default() += 1;
             if let Some(n) = e.node_id {
-                failure_lines.insert(n, first_line(&msg).to_string());
+                failure_lines.insert(n, (failure_line(&msg).to_string(), msg));
             }
         }
     }
@@ -548,8 +561,22 @@ fn node_html(h: &mut String, t: &Tree, d: &Data, id: i64) {
         );
     }
     if let Some(f) = n.failure {
-        let line = d.failure_lines.get(&n.id).map(String::as_str).unwrap_or("");
-        row("failure", format!("<code>{}</code> {}", f.name(), esc(line)));
+        let (line, msg) = d
+            .failure_lines
+            .get(&n.id)
+            .map(|(l, m)| (l.as_str(), m.as_str()))
+            .unwrap_or(("", ""));
+        let mut cell = format!("<code>{}</code> {}", f.name(), esc(line));
+        if msg.trim() != line {
+            let cut = &msg[..msg.floor_char_boundary(MESSAGE_CHARS)];
+            let _ = write!(
+                cell,
+                "<details class=\"msg\"><summary>whole message</summary><pre>{}{}</pre></details>",
+                esc(cut),
+                if cut.len() < msg.len() { "\n…" } else { "" }
+            );
+        }
+        row("failure", cell);
     }
     row(
         "rounds",
@@ -657,6 +684,13 @@ mod tests {
             super::compute_roofs(&cpu),
             vec![("f32".to_string(), cpu.peak_tflops["f32"] * 1e3)]
         );
+    }
+
+    #[test]
+    fn the_failure_line_is_the_one_naming_the_error() {
+        let gcc = "kernel.cpp: In function 'void f()':\nkernel.cpp:2:3: error: 'g' was not declared\n  2 | g();\n";
+        assert_eq!(super::failure_line(gcc), "kernel.cpp:2:3: error: 'g' was not declared");
+        assert_eq!(super::failure_line("\n  timed out after 60 s\nmore"), "timed out after 60 s");
     }
 
     #[test]
