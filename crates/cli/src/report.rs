@@ -377,7 +377,16 @@ fn header(h: &mut String, row: &RunRow, report: Option<&Report>) {
             );
             if let Some(hd) = &r.heldout {
                 let line = match (hd.passed, hd.speedup) {
-                    (true, Some(hs)) => format!("passed on {} workloads ({hs:.2}x)", hd.workloads.len()),
+                    (true, Some(hs)) if hs > 1.0 => format!("passed on {} workloads ({hs:.2}x)", hd.workloads.len()),
+                    (true, Some(hs)) if hd.noisy() => format!(
+                        "passed on {} workloads; their timings are too noisy to compare with the seed ({hs:.2}x, spread {:.0}%)",
+                        hd.workloads.len(),
+                        hd.spread.unwrap_or(0.0) * 100.0
+                    ),
+                    (true, Some(hs)) => format!(
+                        "correct on {} workloads but slower than the seed ({hs:.2}x)",
+                        hd.workloads.len()
+                    ),
                     (true, None) => format!("passed ({})", hd.message.clone().unwrap_or_default()),
                     (false, _) => format!("FAILED: {}", hd.message.clone().unwrap_or_default()),
                 };
@@ -600,12 +609,27 @@ fn node_html(h: &mut String, t: &Tree, d: &Data, id: i64) {
 
 fn failures_section(h: &mut String, d: &Data) {
     h.push_str("<section id=\"failures\"><h2>Failure classes</h2>\n");
-    if d.failures.is_empty() {
+    if d.failures.is_empty() && d.nodes.iter().all(|n| n.failure.is_none()) {
         h.push_str("<p>none: every evaluated candidate passed.</p>\n");
     } else {
-        h.push_str("<div class=\"plots\"><div class=\"plot\"><canvas id=\"chart-failures\"></canvas></div>\n<table class=\"counts\"><tr><th>class</th><th>evaluations</th></tr>\n");
-        for (c, k) in &d.failures {
-            let _ = writeln!(h, "<tr><td><code>{}</code></td><td>{k}</td></tr>", esc(c));
+        // Nodes count too: a node can fail without an evaluation (a duplicate of a failed one).
+        let mut nodes: BTreeMap<&str, usize> = BTreeMap::new();
+        for n in &d.nodes {
+            if let Some(f) = n.failure {
+                *nodes.entry(f.name()).or_default() += 1;
+            }
+        }
+        h.push_str("<div class=\"plots\"><div class=\"plot\"><canvas id=\"chart-failures\"></canvas></div>\n<table class=\"counts\"><tr><th>class</th><th>failed evaluations</th><th>failed nodes</th></tr>\n");
+        let classes: std::collections::BTreeSet<&str> =
+            d.failures.keys().map(String::as_str).chain(nodes.keys().copied()).collect();
+        for c in classes {
+            let _ = writeln!(
+                h,
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                esc(c),
+                d.failures.get(c).copied().unwrap_or(0),
+                nodes.get(c).copied().unwrap_or(0)
+            );
         }
         h.push_str("</table></div>\n");
     }

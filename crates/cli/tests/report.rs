@@ -78,8 +78,13 @@ fn status_in(html: &str) -> String {
     html[start..start + html[start..].find('<').unwrap()].to_string()
 }
 
-/// The browser check; `Ok(false)`: skipped (with the reason printed).
+/// The browser check; `false`: skipped (with the reason printed). With `KSEARCH_REPORT_KEEP`
+/// set to a folder, the page is copied there to be looked at.
 fn browser_check(page: &Path, nodes: usize, evals: usize, shot: Option<&Path>) -> bool {
+    if let Ok(keep) = std::env::var("KSEARCH_REPORT_KEEP") {
+        std::fs::create_dir_all(&keep).unwrap();
+        std::fs::copy(page, Path::new(&keep).join(page.file_name().unwrap())).unwrap();
+    }
     let py = std::env::var("KSEARCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let mut c = std::process::Command::new(&py);
     c.arg(repo().join("scripts/browser-check.py")).arg(page).args([
