@@ -161,19 +161,51 @@ fn failure_of(r: &EvalReply) -> Option<(String, String)> {
         })
 }
 
-/// The compute roofs drawn (GFLOP/s): the profile's f32 peak, and its highest peak (tensor
-/// units, narrow types) when that is another.
-fn compute_roofs(p: &ksearch_kb::Profile) -> Vec<(String, f64)> {
+/// The compute roofs drawn (GFLOP/s): the profile's f32 peak, and the peak of the task's own
+/// dtype (its tensor units where the profile has them, e.g. `f16_tensor` for an f16 task) when
+/// that is another; without a known dtype, the profile's highest peak. An f16 kernel is not held
+/// against an fp8 roof it could never reach.
+fn compute_roofs(p: &ksearch_kb::Profile, dtype: Option<&str>) -> Vec<(String, f64)> {
     let mut v = Vec::new();
     if let Some(f) = p.peak_tflops.get("f32") {
         v.push(("f32".to_string(), f * 1e3));
     }
-    if let Some((d, t)) = p.peak_tflops.iter().max_by(|a, b| a.1.total_cmp(b.1))
+    let own = dtype.and_then(|d| {
+        [format!("{d}_tensor"), d.to_string()]
+            .into_iter()
+            .filter_map(|k| p.peak_tflops.get(&k).map(|t| (k, *t)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    });
+    let other = match dtype {
+        Some(_) => own,
+        None => p
+            .peak_tflops
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(d, t)| (d.clone(), *t)),
+    };
+    if let Some((d, t)) = other
         && v.first().is_none_or(|(_, g)| t * 1e3 > *g)
     {
-        v.push((d.clone(), t * 1e3));
+        v.push((d, t * 1e3));
     }
     v
+}
+
+/// The dtype of the run's task (its first input), from the task file the run recorded, or the
+/// shipped task of that name when the store came from another machine.
+fn task_dtype(row: &RunRow) -> Option<String> {
+    let recorded = row
+        .config
+        .get("task_path")
+        .and_then(|p| p.as_str())
+        .map(std::path::PathBuf::from);
+    let shipped = Path::new("tasks").join(&row.task).join("task.toml");
+    let task = recorded
+        .into_iter()
+        .chain([shipped])
+        .find_map(|p| ksearch_core::Task::load(&p).ok())?;
+    task.inputs.first().map(|t| t.dtype.name().to_string())
 }
 
 /// A figure without a needless `.0`.
@@ -273,7 +305,7 @@ fn collect(store: &Store, row: &RunRow, kb: Option<&ksearch_kb::Kb>, report: Opt
             "profile": p.name,
             "display_name": p.display_name,
             "bandwidth_gbs": p.mem_bandwidth_gbs,
-            "peaks": compute_roofs(p).iter().map(|(d, g)| json!({"dtype": d, "gflops": g})).collect::<Vec<_>>(),
+            "peaks": compute_roofs(p, task_dtype(row).as_deref()).iter().map(|(d, g)| json!({"dtype": d, "gflops": g})).collect::<Vec<_>>(),
             "measured_bandwidth_gbs": measured_copy_gbs(&row.device),
         })
     });
@@ -695,17 +727,25 @@ mod tests {
     }
 
     #[test]
-    fn roofs_are_the_f32_peak_and_the_highest() {
+    fn roofs_are_the_f32_peak_and_the_tasks_own() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kb/profiles");
         let h200 = ksearch_kb::Profile::load(&dir.join("h200.toml")).unwrap();
         let top = h200.peak_tflops.values().copied().fold(0.0, f64::max);
-        let roofs = super::compute_roofs(&h200);
+        let roofs = super::compute_roofs(&h200, None);
         assert_eq!(roofs.len(), 2, "{roofs:?}");
         assert_eq!(roofs[0], ("f32".to_string(), h200.peak_tflops["f32"] * 1e3));
         assert_eq!(roofs[1].1, top * 1e3);
+        let f16 = super::compute_roofs(&h200, Some("f16"));
+        assert_eq!(f16[1], ("f16_tensor".to_string(), h200.peak_tflops["f16_tensor"] * 1e3));
+        assert!(f16[1].1 < top * 1e3, "an f16 task is not drawn against the fp8 roof");
+        assert_eq!(
+            super::compute_roofs(&h200, Some("f32")).len(),
+            1,
+            "f32 has no tensor peak of its own in the profile (tf32 is another dtype)"
+        );
         let cpu = ksearch_kb::Profile::load(&dir.join("cpu.toml")).unwrap();
         assert_eq!(
-            super::compute_roofs(&cpu),
+            super::compute_roofs(&cpu, Some("f32")),
             vec![("f32".to_string(), cpu.peak_tflops["f32"] * 1e3)]
         );
     }
