@@ -111,8 +111,11 @@ if [[ $state != idle ]]; then
 fi
 srun --ntasks=1 true || { tail -n 20 "$D/slurmctld.log" "$D/slurmd.log" >&2; exit 1; }
 
-cargo build -q -p ksearch
-KS=$ROOT/target/debug/ksearch
+# The binary scripts/test.sh built ($KSEARCH_BIN), else one built here in the same profile.
+if [[ -z ${KSEARCH_BIN:-} ]]; then
+    cargo build -q --release -p ksearch
+fi
+KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
 
 echo "== 1. a CPU search whose worker runs through srun =="
 out=$("$KS" --store "$D/store.db" --tasks-dir "$ROOT/tasks" --kb-dir "$ROOT/kb" \
