@@ -6,7 +6,7 @@
 #   (tasks/*/mlx/*.metal; their signature comes from the task.toml, or `// inputs:` comments);
 # - files under a `reject/` directory (kb/examples/reject/) must be REJECTED, all others accepted.
 #
-# Uses `ksearch kb check --syntax` when the binary ($KSEARCH_BIN, default target/debug/ksearch;
+# Uses `ksearch kb check --syntax` when the binary ($KSEARCH_BIN, default target/release/ksearch;
 # build it first) has the `kb` subcommand; otherwise the same
 # scan runs as the kb crate's test `cargo test -p ksearch-kb --test metal_files`.
 set -euo pipefail
@@ -17,10 +17,10 @@ if ! command -v clang++ >/dev/null 2>&1 && ! command -v g++ >/dev/null 2>&1 && [
   exit 2
 fi
 
-bin="${KSEARCH_BIN:-target/debug/ksearch}"
+bin="${KSEARCH_BIN:-target/release/ksearch}"
 if [ ! -x "$bin" ] || ! "$bin" kb --help >/dev/null 2>&1; then
   echo "check-metal: no \`ksearch kb\`; running the kb crate's scan instead"
-  exec cargo test -q -p ksearch-kb --test metal_files
+  exec cargo test -q --release -p ksearch-kb --test metal_files
 fi
 
 export KSEARCH_KB="${KSEARCH_KB:-$PWD/kb}"

@@ -12,4 +12,8 @@ cd "$(dirname "$0")/.."
 CU13=$(bash scripts/nvrtc-env.sh)
 export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KSEARCH_CUDA_INCLUDE="${KSEARCH_CUDA_INCLUDE:-$CU13/include}"
-exec cargo run -q -- nvrtc-check "$@"
+# The binary scripts/test.sh built ($KSEARCH_BIN), else the release build (the main job's).
+if [[ -n ${KSEARCH_BIN:-} ]]; then
+    exec "$KSEARCH_BIN" nvrtc-check "$@"
+fi
+exec cargo run -q --release -- nvrtc-check "$@"

@@ -111,8 +111,11 @@ if [[ $state != idle ]]; then
 fi
 srun --ntasks=1 true || { tail -n 20 "$D/slurmctld.log" "$D/slurmd.log" >&2; exit 1; }
 
-cargo build -q -p ksearch
-KS=$ROOT/target/debug/ksearch
+# The binary scripts/test.sh built ($KSEARCH_BIN), else one built here in the same profile.
+if [[ -z ${KSEARCH_BIN:-} ]]; then
+    cargo build -q --release -p ksearch
+fi
+KS=${KSEARCH_BIN:-$ROOT/target/release/ksearch}
 
 echo "== 1. a CPU search whose worker runs through srun =="
 out=$("$KS" --store "$D/store.db" --tasks-dir "$ROOT/tasks" --kb-dir "$ROOT/kb" \
@@ -152,7 +155,16 @@ cp -r "$ROOT/crates/cli/tests/fixtures/sleeper" "$D/tasks/"
 "$KS" --quiet --store "$D/sleeper.db" --tasks-dir "$D/tasks" \
     run sleeper --backend cpu --launcher slurm --rounds 3 --run-timeout 600s --max-reps 3 >"$D/sleeper.log" 2>&1 &
 search=$!
-workers() { pgrep -f "ksearch worker --backend cpu --cache $D/cache" || true; }
+# The sleeper search's worker processes (and the srun starting them), from /proc (no procps needed).
+workers() {
+    local f p
+    for f in /proc/[0-9]*/cmdline; do
+        if { tr '\0' ' ' <"$f"; } 2>/dev/null | grep -q "ksearch worker --backend cpu --cache $D/cache"; then
+            p=${f#/proc/}
+            echo "${p%/cmdline}"
+        fi
+    done
+}
 running=""
 for _ in $(seq 1 300); do
     running=$(sqlite3 "$D/sleeper.db" "SELECT count(*) FROM nodes WHERE id = 2 AND status = 'running'" 2>/dev/null \
@@ -170,8 +182,10 @@ if [[ $running != 1 || -z $(workers) ]]; then
 fi
 sleep 1
 before=$(workers | tr '\n' ' ')
-kill -9 "$search"
-wait "$search" 2>/dev/null || true
+{
+    kill -9 "$search"
+    wait "$search"
+} 2>/dev/null || true
 gone=""
 for _ in $(seq 1 50); do
     if [[ -z $(workers) ]]; then
@@ -182,7 +196,7 @@ for _ in $(seq 1 50); do
 done
 if [[ -z $gone ]]; then
     echo "slurm-test: worker(s) $(workers | tr '\n' ' ') outlived the killed search by 5 s (were: $before)" >&2
-    ps -ef | grep -v grep | grep ksearch >&2 || true
+    for p in $(workers); do tr '\0' ' ' <"/proc/$p/cmdline" >&2; echo >&2; done
     exit 1
 fi
 echo "worker(s) $before gone after the search's SIGKILL"

@@ -1,60 +1,102 @@
 #!/usr/bin/env bash
 # Every test of ksearch, with what they need installed first. Needs only the Rust toolchain,
-# a C++ compiler and Python 3 with pip; no GPU (GPU tests live in scripts/gpu-tests.sh and
-# skip themselves here). Python packages go into a virtual environment under target/, never
-# into the system's Python; a test whose prerequisite is missing fails here instead of skipping
-# (KSEARCH_REQUIRE_MLX, KSEARCH_REQUIRE_NVRTC).
+# a C++ compiler and Python 3 with pip; no GPU (GPU tests live in scripts/gpu-tests.sh).
+# Python packages go into a virtual environment under target/, never into the system's Python;
+# system packages (Debian's chromium, slurm-wlm, munge) are installed with apt-get when missing
+# and this runs as root, otherwise it stops with a line saying what to install. A test whose
+# prerequisite is missing fails here instead of skipping (KSEARCH_REQUIRE_*).
+#
+# One build profile for everything: release, the profile of the README's `cargo run --release`,
+# so the tests and the main job share one build and the workers the tests start are the
+# binary a user runs. The downloads (apt, pip) run while Rust compiles.
 #   1. NVRTC compile check of every shipped CUDA kernel (pip's nvidia-cuda-nvrtc, no GPU);
-#   2. cargo test: unit, property, snapshot and integration tests (the real binary, real
-#      compiler, real workers, real SQLite, local HTTP servers for the LLM paths; the
-#      `export --torch` modules compiled with that NVRTC);
-#   3. the Linux-side check of every Metal kernel source (rules + syntax with a shim header);
-#   4. the MLX worker's own tests (python/tests, on MLX's CPU back-end).
-# The MLX worker runs from a virtual environment made by scripts/mlx-venv.sh (MLX's CPU
-# back-end); the Rust tests that drive it use it through KSEARCH_PYTHON.
+#   2. the Rust tests: unit, property, snapshot and integration tests (the real binary, real
+#      compiler, real workers, real SQLite, local HTTP servers for the LLM paths, the HTML
+#      report in a headless Chromium; the `export --torch` modules compiled with that NVRTC),
+#      through cargo-nextest where it is installed (every test binary at once), else cargo test;
+#   3. the Slurm launcher on a one-node Slurm started here (scripts/slurm-test.sh);
+#   4. the Linux-side check of every Metal kernel source (rules + syntax with a shim header);
+#   5. the MLX worker's own tests (python/tests, on MLX's CPU back-end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never INSTA_UPDATE=no
+T0=$SECONDS
+say() { printf '== [%dm%02ds] %s ==\n' $(((SECONDS - T0) / 60)) $(((SECONDS - T0) % 60)) "$*"; }
+LOGS=target/test-setup
+mkdir -p "$LOGS"
 
-echo "== MLX environment (CPU back-end) =="
-KSEARCH_PYTHON=$(bash scripts/mlx-venv.sh)
-export KSEARCH_PYTHON KSEARCH_REQUIRE_MLX=1
-
-# pip's NVRTC in the same environment (never the system's Python); every test that compiles
-# CUDA finds it through these variables and fails, rather than skips, without it.
-echo "== NVRTC (pip, in the test environment) =="
-CU13=$(PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-env.sh)
-export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KSEARCH_CUDA_INCLUDE="$CU13/include"
-export KSEARCH_REQUIRE_NVRTC=1
-echo "== NVRTC compile check of the CUDA kernels =="
-PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh
-echo "== NVRTC compile check of the hostile CUDA fixtures (run on the GPU by scripts/hostile-suite.py) =="
-PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
-
-# The report's browser check (crates/cli/tests/report.rs, scripts/browser-check.py): Playwright
-# in the test environment, driving Debian's Chromium (Playwright's own browser download is not used).
-echo "== Browser check: Playwright and Chromium =="
-"$KSEARCH_PYTHON" -m pip install -q playwright==1.65.2
-if [[ ! -x /usr/bin/chromium ]]; then
-    if [[ $(id -u) -eq 0 ]]; then
-        apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
-    else
-        echo "error: /usr/bin/chromium is missing: install Debian's chromium package (sudo apt-get install chromium), then run this again" >&2
+# --- downloads, in the background -------------------------------------------------------------
+apt_pkgs=()
+[[ -x /usr/bin/chromium ]] || apt_pkgs+=(chromium)
+{ command -v slurmctld && command -v slurmd && command -v munged; } >/dev/null 2>&1 || apt_pkgs+=(slurm-wlm munge)
+apt_pid=
+if ((${#apt_pkgs[@]})); then
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
+        echo "error: missing system packages: ${apt_pkgs[*]} (Debian: sudo apt-get install ${apt_pkgs[*]}), then run this again" >&2
         exit 2
     fi
+    say "installing ${apt_pkgs[*]} (apt-get, in the background; log $LOGS/apt.log)"
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${apt_pkgs[@]}") \
+        >"$LOGS/apt.log" 2>&1 &
+    apt_pid=$!
 fi
-export KSEARCH_REQUIRE_BROWSER=1
+# The test environment: MLX (CPU back-end) with mlx-lm and pytest (scripts/mlx-venv.sh), pip's
+# NVRTC and CUDA headers (scripts/nvrtc-env.sh), Playwright for the browser check (it drives
+# Debian's Chromium; its own browser download is not used).
+say "test environment: MLX, NVRTC, Playwright (in the background; log $LOGS/python.log)"
+(
+    set -e
+    py=$(bash scripts/mlx-venv.sh)
+    cu13=$(PYTHON=$py bash scripts/nvrtc-env.sh)
+    "$py" -m pip install -q --disable-pip-version-check playwright==1.65.2
+    printf '%s\n%s\n' "$py" "$cu13" >"$LOGS/python.env"
+) >"$LOGS/python.log" 2>&1 &
+py_pid=$!
 
-echo "== cargo test =="
-cargo test --workspace --no-fail-fast
-echo "== Slurm launcher on a one-node Slurm (slurm-wlm, munge) =="
-KSEARCH_REQUIRE_SLURM=1 bash scripts/slurm-test.sh
+# --- the build ------------------------------------------------------------------------------------
+say "build (release) of ksearch and every test"
+cargo test --release --workspace --no-run -q
+cargo build --release -q -p ksearch
+export KSEARCH_BIN=$PWD/target/release/ksearch
+[[ -x $KSEARCH_BIN ]] || { echo "error: the build did not produce $KSEARCH_BIN" >&2; exit 1; }
 
-if [[ -x scripts/check-metal.sh ]] || [[ -f scripts/check-metal.sh ]]; then
-    echo "== Metal sources: rules and syntax =="
-    bash scripts/check-metal.sh
+wait_for() { # pid what log
+    if ! wait "$1"; then
+        echo "error: $2 failed; the last lines of $3:" >&2
+        tail -n 30 "$3" >&2
+        exit 1
+    fi
+}
+wait_for "$py_pid" "setting up the test environment" "$LOGS/python.log"
+[[ -n $apt_pid ]] && wait_for "$apt_pid" "apt-get install ${apt_pkgs[*]}" "$LOGS/apt.log"
+{ read -r KSEARCH_PYTHON; read -r CU13; } <"$LOGS/python.env"
+say "test environment ready ($KSEARCH_PYTHON)"
+export KSEARCH_PYTHON KSEARCH_REQUIRE_MLX=1
+# Every test that compiles CUDA finds NVRTC through these variables and fails, rather than
+# skips, without it; the browser check and the Slurm test likewise.
+export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KSEARCH_CUDA_INCLUDE="$CU13/include"
+export KSEARCH_REQUIRE_NVRTC=1 KSEARCH_REQUIRE_BROWSER=1 KSEARCH_REQUIRE_SLURM=1
+
+say "NVRTC compile check of the CUDA kernels"
+PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh
+say "NVRTC compile check of the hostile CUDA fixtures (run on the GPU by scripts/hostile-suite.py)"
+PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
+
+if cargo nextest --version >/dev/null 2>&1; then
+    say "Rust tests (cargo nextest, release)"
+    cargo nextest run --release --workspace --no-fail-fast --status-level fail --final-status-level slow
+    # nextest does not run documentation tests; cargo does.
+    cargo test --release --workspace --doc -q
+else
+    say "Rust tests (cargo test, release)"
+    cargo test --release --workspace --no-fail-fast
 fi
-echo "== MLX worker tests (pytest, MLX CPU back-end) =="
+
+say "Slurm launcher on a one-node Slurm (slurm-wlm, munge)"
+bash scripts/slurm-test.sh
+say "Metal sources: rules and syntax"
+bash scripts/check-metal.sh
+say "MLX worker tests (pytest, MLX CPU back-end)"
 (cd python && "$KSEARCH_PYTHON" -m pytest -q tests)
 
-echo "all checks passed"
+say "all checks passed"

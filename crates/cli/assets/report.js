@@ -15,7 +15,7 @@
   }
 
   var t0 = evals.length ? Date.parse(evals[0].at) : 0;
-  function progress(id, xOf, xTitle, xType) {
+  function progress(id, xOf, xTitle, xType, integerTicks) {
     var points = evals.map(function (e, i) {
       return { x: xOf(e, i), y: e.best, e: e };
     });
@@ -35,7 +35,7 @@
       options: {
         maintainAspectRatio: false,
         scales: {
-          x: { type: xType, title: { display: true, text: xTitle } },
+          x: { type: xType, ticks: integerTicks ? { precision: 0 } : {}, title: { display: true, text: xTitle } },
           y: { title: { display: true, text: "best speed-up over the seed (x)" } }
         },
         plugins: {
@@ -45,8 +45,8 @@
       }
     });
   }
-  progress("chart-evals", function (e, i) { return i + 1; }, "evaluation", "linear");
-  progress("chart-time", function (e) { return (Date.parse(e.at) - t0) / 1000; }, "wall time since the seed (s)", "linear");
+  progress("chart-evals", function (e, i) { return i + 1; }, "evaluation", "linear", true);
+  progress("chart-time", function (e) { return (Date.parse(e.at) - t0) / 1000; }, "wall time since the seed (s)", "linear", false);
 
   // Roofline: log-log, one point per evaluated candidate that passed, with the profile's roofs.
   var pts = evals.filter(function (e) { return e.intensity !== null && e.gflops !== null; }).map(function (e) {
@@ -78,7 +78,7 @@
       });
     });
   }
-  if (data.roofs && data.roofs.measured_bandwidth_gbs > 0) {
+  if (data.roofs && data.roofs.measured_bandwidth_gbs > 0 && xs.length) {
     var mbw = data.roofs.measured_bandwidth_gbs;
     var mlo = Math.min.apply(null, xs) / 4, mhi = Math.max.apply(null, xs) * 4;
     datasets.push({

@@ -108,6 +108,18 @@ fn first_line(s: &str) -> &str {
     s.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("")
 }
 
+/// The line that says what went wrong: the first naming an error (a compiler's `In function
+/// …:` context comes before it), else the first line.
+fn failure_line(s: &str) -> &str {
+    s.lines()
+        .map(str::trim)
+        .find(|l| l.to_ascii_lowercase().contains("error"))
+        .unwrap_or_else(|| first_line(s))
+}
+
+/// At most this many characters of a failure message are shown in full.
+const MESSAGE_CHARS: usize = 4000;
+
 fn geomean(v: &[f64]) -> Option<f64> {
     if v.is_empty() || v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
         return None;
@@ -149,19 +161,51 @@ fn failure_of(r: &EvalReply) -> Option<(String, String)> {
         })
 }
 
-/// The compute roofs drawn (GFLOP/s): the profile's f32 peak, and its highest peak (tensor
-/// units, narrow types) when that is another.
-fn compute_roofs(p: &ksearch_kb::Profile) -> Vec<(String, f64)> {
+/// The compute roofs drawn (GFLOP/s): the profile's f32 peak, and the peak of the task's own
+/// dtype (its tensor units where the profile has them, e.g. `f16_tensor` for an f16 task) when
+/// that is another; without a known dtype, the profile's highest peak. An f16 kernel is not held
+/// against an fp8 roof it could never reach.
+fn compute_roofs(p: &ksearch_kb::Profile, dtype: Option<&str>) -> Vec<(String, f64)> {
     let mut v = Vec::new();
     if let Some(f) = p.peak_tflops.get("f32") {
         v.push(("f32".to_string(), f * 1e3));
     }
-    if let Some((d, t)) = p.peak_tflops.iter().max_by(|a, b| a.1.total_cmp(b.1))
+    let own = dtype.and_then(|d| {
+        [format!("{d}_tensor"), d.to_string()]
+            .into_iter()
+            .filter_map(|k| p.peak_tflops.get(&k).map(|t| (k, *t)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    });
+    let other = match dtype {
+        Some(_) => own,
+        None => p
+            .peak_tflops
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(d, t)| (d.clone(), *t)),
+    };
+    if let Some((d, t)) = other
         && v.first().is_none_or(|(_, g)| t * 1e3 > *g)
     {
-        v.push((d.clone(), t * 1e3));
+        v.push((d, t * 1e3));
     }
     v
+}
+
+/// The dtype of the run's task (its first input), from the task file the run recorded, or the
+/// shipped task of that name when the store came from another machine.
+fn task_dtype(row: &RunRow) -> Option<String> {
+    let recorded = row
+        .config
+        .get("task_path")
+        .and_then(|p| p.as_str())
+        .map(std::path::PathBuf::from);
+    let shipped = Path::new("tasks").join(&row.task).join("task.toml");
+    let task = recorded
+        .into_iter()
+        .chain([shipped])
+        .find_map(|p| ksearch_core::Task::load(&p).ok())?;
+    task.inputs.first().map(|t| t.dtype.name().to_string())
 }
 
 /// A figure without a needless `.0`.
@@ -188,7 +232,8 @@ struct Data {
     /// The embedded JSON (plots, counts the page checks itself against).
     json: Value,
     nodes: Vec<Node>,
-    failure_lines: HashMap<i64, String>,
+    /// Per failed node: its last failure's line and whole message.
+    failure_lines: HashMap<i64, (String, String)>,
     retimed: HashMap<i64, Option<f64>>,
     failures: BTreeMap<String, usize>,
     calls: Vec<LlmCallRow>,
@@ -207,7 +252,7 @@ fn collect(store: &Store, row: &RunRow, kb: Option<&ksearch_kb::Kb>, report: Opt
         if let Some((class, msg)) = failure_of(&e.reply) {
             *failures.entry(class).or_default() += 1;
             if let Some(n) = e.node_id {
-                failure_lines.insert(n, first_line(&msg).to_string());
+                failure_lines.insert(n, (failure_line(&msg).to_string(), msg));
             }
         }
     }
@@ -260,7 +305,7 @@ fn collect(store: &Store, row: &RunRow, kb: Option<&ksearch_kb::Kb>, report: Opt
             "profile": p.name,
             "display_name": p.display_name,
             "bandwidth_gbs": p.mem_bandwidth_gbs,
-            "peaks": compute_roofs(p).iter().map(|(d, g)| json!({"dtype": d, "gflops": g})).collect::<Vec<_>>(),
+            "peaks": compute_roofs(p, task_dtype(row).as_deref()).iter().map(|(d, g)| json!({"dtype": d, "gflops": g})).collect::<Vec<_>>(),
             "measured_bandwidth_gbs": measured_copy_gbs(&row.device),
         })
     });
@@ -364,7 +409,16 @@ fn header(h: &mut String, row: &RunRow, report: Option<&Report>) {
             );
             if let Some(hd) = &r.heldout {
                 let line = match (hd.passed, hd.speedup) {
-                    (true, Some(hs)) => format!("passed on {} workloads ({hs:.2}x)", hd.workloads.len()),
+                    (true, Some(hs)) if hs > 1.0 => format!("passed on {} workloads ({hs:.2}x)", hd.workloads.len()),
+                    (true, Some(hs)) if hd.noisy() => format!(
+                        "passed on {} workloads; their timings are too noisy to compare with the seed ({hs:.2}x, spread {:.0}%)",
+                        hd.workloads.len(),
+                        hd.spread.unwrap_or(0.0) * 100.0
+                    ),
+                    (true, Some(hs)) => format!(
+                        "correct on {} workloads but slower than the seed ({hs:.2}x)",
+                        hd.workloads.len()
+                    ),
                     (true, None) => format!("passed ({})", hd.message.clone().unwrap_or_default()),
                     (false, _) => format!("FAILED: {}", hd.message.clone().unwrap_or_default()),
                 };
@@ -548,8 +602,22 @@ fn node_html(h: &mut String, t: &Tree, d: &Data, id: i64) {
         );
     }
     if let Some(f) = n.failure {
-        let line = d.failure_lines.get(&n.id).map(String::as_str).unwrap_or("");
-        row("failure", format!("<code>{}</code> {}", f.name(), esc(line)));
+        let (line, msg) = d
+            .failure_lines
+            .get(&n.id)
+            .map(|(l, m)| (l.as_str(), m.as_str()))
+            .unwrap_or(("", ""));
+        let mut cell = format!("<code>{}</code> {}", f.name(), esc(line));
+        if msg.trim() != line {
+            let cut = &msg[..msg.floor_char_boundary(MESSAGE_CHARS)];
+            let _ = write!(
+                cell,
+                "<details class=\"msg\"><summary>whole message</summary><pre>{}{}</pre></details>",
+                esc(cut),
+                if cut.len() < msg.len() { "\n…" } else { "" }
+            );
+        }
+        row("failure", cell);
     }
     row(
         "rounds",
@@ -573,12 +641,27 @@ fn node_html(h: &mut String, t: &Tree, d: &Data, id: i64) {
 
 fn failures_section(h: &mut String, d: &Data) {
     h.push_str("<section id=\"failures\"><h2>Failure classes</h2>\n");
-    if d.failures.is_empty() {
+    if d.failures.is_empty() && d.nodes.iter().all(|n| n.failure.is_none()) {
         h.push_str("<p>none: every evaluated candidate passed.</p>\n");
     } else {
-        h.push_str("<div class=\"plots\"><div class=\"plot\"><canvas id=\"chart-failures\"></canvas></div>\n<table class=\"counts\"><tr><th>class</th><th>evaluations</th></tr>\n");
-        for (c, k) in &d.failures {
-            let _ = writeln!(h, "<tr><td><code>{}</code></td><td>{k}</td></tr>", esc(c));
+        // Nodes count too: a node can fail without an evaluation (a duplicate of a failed one).
+        let mut nodes: BTreeMap<&str, usize> = BTreeMap::new();
+        for n in &d.nodes {
+            if let Some(f) = n.failure {
+                *nodes.entry(f.name()).or_default() += 1;
+            }
+        }
+        h.push_str("<div class=\"plots\"><div class=\"plot\"><canvas id=\"chart-failures\"></canvas></div>\n<table class=\"counts\"><tr><th>class</th><th>failed evaluations</th><th>failed nodes</th></tr>\n");
+        let classes: std::collections::BTreeSet<&str> =
+            d.failures.keys().map(String::as_str).chain(nodes.keys().copied()).collect();
+        for c in classes {
+            let _ = writeln!(
+                h,
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                esc(c),
+                d.failures.get(c).copied().unwrap_or(0),
+                nodes.get(c).copied().unwrap_or(0)
+            );
         }
         h.push_str("</table></div>\n");
     }
@@ -644,19 +727,34 @@ mod tests {
     }
 
     #[test]
-    fn roofs_are_the_f32_peak_and_the_highest() {
+    fn roofs_are_the_f32_peak_and_the_tasks_own() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kb/profiles");
         let h200 = ksearch_kb::Profile::load(&dir.join("h200.toml")).unwrap();
         let top = h200.peak_tflops.values().copied().fold(0.0, f64::max);
-        let roofs = super::compute_roofs(&h200);
+        let roofs = super::compute_roofs(&h200, None);
         assert_eq!(roofs.len(), 2, "{roofs:?}");
         assert_eq!(roofs[0], ("f32".to_string(), h200.peak_tflops["f32"] * 1e3));
         assert_eq!(roofs[1].1, top * 1e3);
+        let f16 = super::compute_roofs(&h200, Some("f16"));
+        assert_eq!(f16[1], ("f16_tensor".to_string(), h200.peak_tflops["f16_tensor"] * 1e3));
+        assert!(f16[1].1 < top * 1e3, "an f16 task is not drawn against the fp8 roof");
+        assert_eq!(
+            super::compute_roofs(&h200, Some("f32")).len(),
+            1,
+            "f32 has no tensor peak of its own in the profile (tf32 is another dtype)"
+        );
         let cpu = ksearch_kb::Profile::load(&dir.join("cpu.toml")).unwrap();
         assert_eq!(
-            super::compute_roofs(&cpu),
+            super::compute_roofs(&cpu, Some("f32")),
             vec![("f32".to_string(), cpu.peak_tflops["f32"] * 1e3)]
         );
+    }
+
+    #[test]
+    fn the_failure_line_is_the_one_naming_the_error() {
+        let gcc = "kernel.cpp: In function 'void f()':\nkernel.cpp:2:3: error: 'g' was not declared\n  2 | g();\n";
+        assert_eq!(super::failure_line(gcc), "kernel.cpp:2:3: error: 'g' was not declared");
+        assert_eq!(super::failure_line("\n  timed out after 60 s\nmore"), "timed out after 60 s");
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! browser part is skipped with its reason, unless `KSEARCH_REQUIRE_BROWSER=1` (scripts/test.sh),
 //! where it fails.
 
+mod support;
+
 use assert_cmd::Command;
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -75,8 +78,13 @@ fn status_in(html: &str) -> String {
     html[start..start + html[start..].find('<').unwrap()].to_string()
 }
 
-/// The browser check; `Ok(false)`: skipped (with the reason printed).
+/// The browser check; `false`: skipped (with the reason printed). With `KSEARCH_REPORT_KEEP`
+/// set to a folder, the page is copied there to be looked at.
 fn browser_check(page: &Path, nodes: usize, evals: usize, shot: Option<&Path>) -> bool {
+    if let Ok(keep) = std::env::var("KSEARCH_REPORT_KEEP") {
+        std::fs::create_dir_all(&keep).unwrap();
+        std::fs::copy(page, Path::new(&keep).join(page.file_name().unwrap())).unwrap();
+    }
     let py = std::env::var("KSEARCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let mut c = std::process::Command::new(&py);
     c.arg(repo().join("scripts/browser-check.py")).arg(page).args([
@@ -263,4 +271,130 @@ fn unknown_runs_and_missing_stores_are_one_line_errors() {
         stderr(&o)
     );
     assert!(!page.exists());
+}
+
+/// A planner action as the scripted planner proposes it.
+fn action(title: &str) -> serde_json::Value {
+    json!({
+        "title": title,
+        "description": format!("{title}: rewrite the row loop"),
+        "pattern": "vectorised-loads",
+        "overall": 7.0, "confidence": 0.6,
+        "bandwidth": {"rating": 8, "note": "fewer passes"},
+        "registers": {"rating": 7, "note": "8 accumulators"},
+        "hw_fit": {"rating": 8, "note": "AVX2 lanes"},
+        "difficulty": 2, "prior": 0.6
+    })
+}
+
+/// A run with the LLM planner against a scripted OpenAI-compatible server on 127.0.0.1 whose
+/// coder writes a kernel that does not compile every other time: the page lists every call
+/// with the total cost, and the failures with their class and first line.
+#[test]
+fn an_llm_run_shows_its_calls_their_cost_and_its_failures() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use support::{Kind, Reply, Server};
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("s.db");
+    let coder_calls = AtomicUsize::new(0);
+    let srv = Server::new(move |r, _| match r.kind {
+        Kind::Init => {
+            let v = json!({
+                "classification": "memory-bound row reduction",
+                "reference_rewrite": "max, sum of exp, scale",
+                "bottlenecks": ["scalar exp"],
+                "families": ["vectorised three-pass"],
+                "actions": [action("vectorise"), action("two threads"), action("wider vectors")]
+            });
+            Reply::completion(&format!("```json\n{v}\n```"))
+        }
+        Kind::Update => Reply::completion(&json!({"analysis": "measured", "ops": []}).to_string()),
+        Kind::Coder | Kind::Repair { .. } => {
+            let src = if coder_calls.fetch_add(1, Ordering::SeqCst).is_multiple_of(2) {
+                "#include <cstddef>\nextern \"C\" void softmax(const float* x, float* y) { this_does_not_compile(); }\n"
+                    .to_string()
+            } else {
+                let simd = std::fs::read_to_string(repo().join("tasks/softmax/cpu/rows_simd.cpp")).unwrap();
+                format!("#define VEC 8\n#define FASTEXP 1\n#define ONLINE 0\n#define THREADS 1\n{simd}")
+            };
+            Reply::completion(&format!("```cpp\n{src}```"))
+        }
+        _ => Reply::completion("?"),
+    });
+    let cfg = d.path().join("ksearch.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[llm]\nbase_url = \"{}\"\nmodel = \"scripted-model\"\napi_key_env = \"KSEARCH_TEST_REPORT_KEY\"\nmax_retries = 1\nbackoff_base_s = 0.0\nmax_backoff_s = 0.0\ntimeout_s = 20.0\nprice_prompt_per_mtok = 2.0\nprice_completion_per_mtok = 10.0\n",
+            srv.base_url()
+        ),
+    )
+    .unwrap();
+    let o = ks(&store)
+        .env("KSEARCH_TEST_REPORT_KEY", "sk-test-report")
+        .env_remove("OPENAI_API_KEY")
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "run",
+            "softmax",
+            "--backend",
+            "cpu",
+            "--planner",
+            "llm",
+            "--rounds",
+            "4",
+            "--max-reps",
+            "3",
+        ])
+        .timeout(Duration::from_secs(600))
+        .output()
+        .unwrap();
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}\n{}", stdout(&o), stderr(&o));
+    let page = d.path().join("llm.html");
+    let r = ks(&store)
+        .args(["report", "1", "-o", page.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", stderr(&r));
+    let html = std::fs::read_to_string(&page).unwrap();
+
+    let st = Store::open_read_only(&store).unwrap();
+    let calls = st.llm_calls(1, None).unwrap();
+    assert!(calls.iter().any(|c| c.role == "coder") && calls.iter().any(|c| c.role == "planner"));
+    assert_eq!(html.matches("<tr class=\"call\">").count(), calls.len());
+    let total: f64 = calls.iter().map(|c| c.cost_usd).sum();
+    assert!(total > 0.0);
+    assert!(
+        html.contains(&format!("<b id=\"llm-cost\">${total:.4}</b>")),
+        "total cost ${total:.4} not shown"
+    );
+    assert!(html.contains("scripted-model") && !html.contains("llm-none"));
+    // The failed candidates: their class counted, and on their nodes the class and first line.
+    let nodes = st.nodes(1).unwrap();
+    let failed: Vec<_> = nodes.iter().filter(|n| n.failure.is_some()).collect();
+    assert!(!failed.is_empty(), "no candidate failed: {}", stdout(&o));
+    let data = embedded(&html);
+    assert!(
+        data["failures"]["compile"].as_u64().is_some_and(|n| n >= 1),
+        "{}",
+        data["failures"]
+    );
+    assert!(html.contains("<canvas id=\"chart-failures\">"));
+    let shown: Vec<&str> = html
+        .split("<code>compile</code> ")
+        .skip(1)
+        .map(|t| &t[..t.find('<').unwrap()])
+        .collect();
+    assert!(
+        shown.iter().any(|l| l.contains("this_does_not_compile")),
+        "the compiler's first line names the bad call: {shown:?}"
+    );
+    let evals = st
+        .evaluations(1, None)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.purpose == "seed" || e.purpose == "search")
+        .count();
+    browser_check(&page, nodes.len(), evals, None);
 }

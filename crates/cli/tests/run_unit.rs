@@ -1,6 +1,7 @@
 //! The run as a unit, through the real binary: many processes creating one store at once, a
 //! store of a newer ksearch left untouched, and workers (with their runners) that end with
-//! the search process that started them, even when it is killed mid-candidate.
+//! the search process that started them, even when it is killed mid-candidate, and with their
+//! request channel when a launcher stands between them and the search.
 
 use sha2::Digest;
 use std::path::{Path, PathBuf};
@@ -220,5 +221,92 @@ fn workers_and_runners_die_with_a_killed_search() {
         still.is_empty(),
         "alive {:.1} s after the search was killed: {still:?}",
         killed.elapsed().as_secs_f64()
+    );
+}
+
+/// A worker whose parent lives on (as under a launcher: srun's step daemon is its parent, not
+/// the search) still ends, runner and all, when its request channel hangs up during a kernel
+/// that never returns.
+#[test]
+fn a_worker_ends_when_its_request_channel_hangs_up_mid_kernel() {
+    use ksearch_core::protocol::{Candidate, EvalRequest, Lang, Reply, Request, TimingReq, WorkloadReq};
+    use std::io::{BufRead, BufReader, Write};
+    let d = tempfile::tempdir().unwrap();
+    let task = ksearch_core::task::Task::load(&fixtures().join("sleeper/task.toml")).unwrap();
+    let b = task.backend("cpu").unwrap();
+    let k = b.kernels.iter().find(|k| k.name == "sleeper").unwrap();
+    let req = EvalRequest {
+        id: 1,
+        task: task.clone(),
+        backend: "cpu".into(),
+        candidate: Candidate {
+            lang: Lang::for_backend("cpu"),
+            source: k.source.clone(),
+            launches: k.launches.clone(),
+            scratch: k.scratch.clone(),
+            defines: Default::default(),
+            options: Default::default(),
+        },
+        workloads: vec![WorkloadReq {
+            label: "w".into(),
+            axes: b.search[0].clone(),
+            seed: 1,
+        }],
+        timing: TimingReq {
+            warmup: 1,
+            min_reps: 1,
+            max_reps: 1,
+            target_ms: 10.0,
+            flush: false,
+        },
+        check_only: false,
+    };
+    let mut w = Command::new(env!("CARGO_BIN_EXE_ksearch"))
+        .args(["worker", "--backend", "cpu", "--cache"])
+        .arg(d.path().join("cache"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = w.id();
+    let mut stdin = w.stdin.take().unwrap();
+    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    let line = serde_json::to_string(&Request::Eval(Box::new(req))).unwrap();
+    writeln!(stdin, "{line}").unwrap();
+    stdin.flush().unwrap();
+    // Compiled and running: a "compiled" progress line, then the runner in the kernel.
+    loop {
+        let l = lines.next().expect("the worker ended before compiling").unwrap();
+        if let Ok(Reply::Progress { stage, .. }) = serde_json::from_str::<Reply>(&l)
+            && stage == "compiled"
+        {
+            break;
+        }
+        assert!(!matches!(serde_json::from_str::<Reply>(&l), Ok(Reply::Eval(_))), "{l}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let runner = loop {
+        if let Some((r, _)) = descendants(pid).into_iter().find(|(_, c)| c.contains(" runner ")) {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no runner under the worker");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(alive(pid) && alive(runner), "the kernel is supposed to hang");
+    drop(stdin);
+    let closed = Instant::now();
+    while (alive(pid) || alive(runner)) && closed.elapsed() < Duration::from_secs(2) {
+        if w.try_wait().unwrap().is_some() {
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = w.try_wait().unwrap();
+    assert!(
+        st.is_some() && !alive(runner),
+        "worker (exit {st:?}) or runner alive {:.1} s after its request channel closed",
+        closed.elapsed().as_secs_f64()
     );
 }
