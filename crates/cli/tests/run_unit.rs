@@ -233,14 +233,14 @@ fn a_worker_ends_when_its_request_channel_hangs_up_mid_kernel() {
     use std::io::{BufRead, BufReader, Write};
     let d = tempfile::tempdir().unwrap();
     let task = ksearch_core::task::Task::load(&fixtures().join("sleeper/task.toml")).unwrap();
-    let b = task.backend("cpu").unwrap();
+    let b = task.backend(ksearch_core::Backend::Cpu).unwrap();
     let k = b.kernels.iter().find(|k| k.name == "sleeper").unwrap();
     let req = EvalRequest {
         id: 1,
         task: task.clone(),
-        backend: "cpu".into(),
+        backend: ksearch_core::Backend::Cpu,
         candidate: Candidate {
-            lang: Lang::for_backend("cpu"),
+            lang: Lang::for_backend(ksearch_core::Backend::Cpu),
             source: k.source.clone(),
             launches: k.launches.clone(),
             scratch: k.scratch.clone(),
