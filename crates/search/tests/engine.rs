@@ -79,6 +79,8 @@ struct Call<'a> {
     cols: i64,
     nth: usize,
     finishing: bool,
+    /// The fewest repetitions asked for (a second look at noisy timings asks for more).
+    min_reps: u32,
 }
 
 type Rule = Box<dyn Fn(&Call) -> Says>;
@@ -93,6 +95,8 @@ struct Log {
     kill_after: Option<usize>,
     /// Panic on the first request once the engine says it is finishing.
     kill_in_final: bool,
+    /// Answer the requests with these indices (0: the first) with an infrastructure failure.
+    infra_at: Vec<usize>,
     finishing: bool,
 }
 
@@ -124,6 +128,10 @@ impl Scripted {
             }
         }
         self.log.borrow_mut().requests.push(req.clone());
+        let index = self.log.borrow().requests.len() - 1;
+        if self.log.borrow().infra_at.contains(&index) {
+            return EvalReply::failed(req.id, FailureClass::Infra, "scripted: the worker's disk is full");
+        }
         let key = format!("{}|{:?}", req.candidate.source, req.candidate.defines);
         let nth = {
             let n = self.seen.entry(key).or_insert(0);
@@ -142,6 +150,7 @@ impl Scripted {
                 cols: w.axes["cols"],
                 nth,
                 finishing,
+                min_reps: req.timing.min_reps,
             };
             let mut r = WorkloadResult {
                 label: w.label.clone(),
@@ -520,4 +529,53 @@ fn resume_after_a_kill_in_the_final_phase() {
     );
     let row = Store::open(&b.db()).unwrap().run(run_id).unwrap();
     assert_eq!(row.status, "done");
+}
+
+#[test]
+fn noisy_final_timings_are_taken_again_with_more_repetitions() {
+    let b = Bench::new();
+    let cfg = b.config(4, 12);
+    // At the end, timings spread by 60% unless taken with at least 15 repetitions.
+    let (ev, log) = Scripted::new(|c| match plain(c) {
+        Says::Time(us, _) if c.finishing && c.min_reps < 15 => Says::Time(us, 0.6),
+        other => other,
+    });
+    let (mut s, events) = b.search(&cfg, ev);
+    let r = finished(s.run(stop(&cfg)).expect("run"));
+    assert!(r.spread.unwrap() < 0.25, "the calmer pair counts: {:?}", r.spread);
+    let more = log.borrow().requests.iter().filter(|q| q.timing.min_reps >= 15).count();
+    assert!(more >= 2, "seed and candidate timed again with more repetitions");
+    assert!(
+        events
+            .borrow()
+            .iter()
+            .any(|e| matches!(e, Event::Note(l) if l.contains("timings noisy"))),
+        "the second look is reported"
+    );
+}
+
+#[test]
+fn an_infrastructure_failure_stops_the_run_and_resume_tries_the_node_again() {
+    let b = Bench::new();
+    let cfg = b.config(6, 50);
+    let (ev, log) = Scripted::new(plain);
+    // The seed answers (request 0); then the first round's two builds (1, 2) and their retry
+    // (3, 4) each have one build failing on the machine.
+    log.borrow_mut().infra_at = vec![1, 3];
+    let (mut s, _) = b.search(&cfg, ev);
+    let run_id = s.run_id();
+    let err = s.run(stop(&cfg)).expect_err("an infra failure stops the run");
+    assert!(err.to_string().contains("infrastructure failure"), "{err}");
+    let row = s.store().run(run_id).unwrap();
+    assert_eq!(row.status, "stopped");
+    assert!(
+        s.tree().nodes.values().all(|n| n.failure != Some(FailureClass::Infra)),
+        "never booked on a candidate"
+    );
+    drop(s);
+    let (ev, _) = Scripted::new(plain);
+    let (mut s, _) = b.attach(run_id, &cfg, ev);
+    let r = finished(s.resume(stop(&cfg)).expect("resume"));
+    assert_eq!(r.no_result(), None, "{r:?}");
+    assert_eq!(r.rounds, 6);
 }
