@@ -168,11 +168,14 @@ fn two_workers_never_measure_at_the_same_time() {
     for w in spans.windows(2) {
         assert!(w[0][1] <= w[1][0], "measured phases overlap: {:?} and {:?}", w[0], w[1]);
     }
-    assert!(d.path().join("locks/cpu-0.lock").is_file(), "the lock file is in the cache");
+    let lock_file = DeviceLock::cpu(d.path()).path().to_path_buf();
+    assert!(lock_file.is_file(), "the lock file is in the cache: {}", lock_file.display());
+    let name = lock_file.file_name().unwrap().to_string_lossy().to_string();
+    assert!(name.starts_with("cpu-") && name.ends_with("-0.lock"), "{name}");
 
     // While someone else holds the device's lock, a worker may compile but not measure: its
     // measured phase begins after the lock is released.
-    let mut lock = DeviceLock::new(d.path(), "cpu", 0);
+    let mut lock = DeviceLock::cpu(d.path());
     let hold = lock.acquire().expect("lock");
     let req = request(&t, 99, "seed", &[("VARIANT", 99)]);
     let reply = std::thread::scope(|s| {
@@ -280,8 +283,9 @@ fn a_full_cache_disk_is_the_machines_failure() {
     }
     let _guard = Unmount(mnt.clone());
     // The lock file and the cache folder exist; then the disk is filled to the last byte.
-    std::fs::create_dir_all(mnt.join("cache/locks")).unwrap();
-    std::fs::write(mnt.join("cache/locks/cpu-0.lock"), b"").unwrap();
+    let lock_file = DeviceLock::cpu(&mnt.join("cache")).path().to_path_buf();
+    std::fs::create_dir_all(lock_file.parent().unwrap()).unwrap();
+    std::fs::write(&lock_file, b"").unwrap();
     {
         use std::io::Write;
         let mut f = std::fs::File::create(mnt.join("filler")).unwrap();
