@@ -94,7 +94,9 @@ fn make_pool_inner(cfg: &RunConfig) -> Result<Pool> {
         return Ok(Pool::new(workers));
     }
     // Several workers per device, interleaved (one of each device, then the next).
-    let per_device = workers_per_device(cfg.backend, cfg.workers, devices.len());
+    // A Slurm worker is a job step with a GPU of its own: one per device unless configured.
+    let launched = !matches!(cfg.launcher, ksearch_eval::Launcher::Local);
+    let per_device = workers_per_device(cfg.backend, cfg.workers.max(launched as u32), devices.len());
     let mut of_device = Vec::new();
     for d in (0..per_device).flat_map(|_| devices.iter().copied()) {
         of_device.push(d);

@@ -168,11 +168,14 @@ fn two_workers_never_measure_at_the_same_time() {
     for w in spans.windows(2) {
         assert!(w[0][1] <= w[1][0], "measured phases overlap: {:?} and {:?}", w[0], w[1]);
     }
-    assert!(d.path().join("locks/cpu-0.lock").is_file(), "the lock file is in the cache");
+    let lock_file = DeviceLock::cpu(d.path()).path().to_path_buf();
+    assert!(lock_file.is_file(), "the lock file is in the cache: {}", lock_file.display());
+    let name = lock_file.file_name().unwrap().to_string_lossy().to_string();
+    assert!(name.starts_with("cpu-") && name.ends_with("-0.lock"), "{name}");
 
     // While someone else holds the device's lock, a worker may compile but not measure: its
     // measured phase begins after the lock is released.
-    let mut lock = DeviceLock::new(d.path(), ksearch_core::Backend::Cpu, 0);
+    let mut lock = DeviceLock::cpu(d.path());
     let hold = lock.acquire().expect("lock");
     let req = request(&t, 99, "seed", &[("VARIANT", 99)]);
     let reply = std::thread::scope(|s| {
@@ -280,8 +283,9 @@ fn a_full_cache_disk_is_the_machines_failure() {
     }
     let _guard = Unmount(mnt.clone());
     // The lock file and the cache folder exist; then the disk is filled to the last byte.
-    std::fs::create_dir_all(mnt.join("cache/locks")).unwrap();
-    std::fs::write(mnt.join("cache/locks/cpu-0.lock"), b"").unwrap();
+    let lock_file = DeviceLock::cpu(&mnt.join("cache")).path().to_path_buf();
+    std::fs::create_dir_all(lock_file.parent().unwrap()).unwrap();
+    std::fs::write(&lock_file, b"").unwrap();
     {
         use std::io::Write;
         let mut f = std::fs::File::create(mnt.join("filler")).unwrap();
@@ -343,4 +347,64 @@ fn a_run_reports_its_rate_and_overhead() {
         .find(|l| l.starts_with("evaluations: "))
         .unwrap_or_else(|| panic!("no accounting line in:\n{out}\n{}", String::from_utf8_lossy(&o.stderr)));
     assert!(line.contains("/min; overhead ") && line.contains("% (compile "), "{line}");
+}
+
+/// A compiler that goes missing during a run: the candidate it could not compile is not booked
+/// (its node stays open, nothing is recorded for it), the run stops in one line, and a resume
+/// with the compiler back evaluates that node.
+#[test]
+fn a_compiler_gone_mid_run_leaves_the_node_open_for_resume() {
+    use ksearch_core::tree::NodeStatus;
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let cxx = d.path().join("bin/cxx");
+    std::fs::create_dir_all(cxx.parent().unwrap()).unwrap();
+    let write = |body: &str| {
+        std::fs::write(&cxx, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&cxx, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    // Compiles the seed, then removes itself: the next compile finds no compiler.
+    write(r#"case " $* " in *" -o "*) c++ "$@"; rc=$?; rm -f "$0"; exit $rc;; *) exec c++ "$@";; esac"#);
+    let o = ks(d.path())
+        .env("CXX", &cxx)
+        .args(["run", "tiny", "--backend", "cpu", "--rounds", "3"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("error: infrastructure failure (not the candidate's)")
+                && l.contains(&cxx.display().to_string())
+                && l.contains("ksearch resume 1")),
+        "{err}"
+    );
+    let store_path = d.path().join(".ksearch/store.db");
+    {
+        let st = ksearch_store::Store::open_read_only(&store_path).unwrap();
+        assert_eq!(st.run(1).unwrap().status, "stopped");
+        let evals = st.evaluations(1, None).unwrap();
+        assert_eq!(evals.len(), 1, "only the seed's evaluation is recorded");
+        assert_eq!(evals[0].purpose, "seed");
+        let nodes = st.nodes(1).unwrap();
+        assert!(nodes.len() > 1, "the planner opened actions");
+        for n in nodes.iter().filter(|n| n.parent.is_some()) {
+            assert_eq!(n.status, NodeStatus::Open, "node {} was booked: {:?}", n.id, n.failure);
+            assert_eq!(n.attempts, 0, "node {}", n.id);
+        }
+    }
+    // The compiler is back: the run goes on from the node it stopped at.
+    write(r#"exec c++ "$@""#);
+    let o = ks(d.path()).env("CXX", &cxx).args(["resume", "1"]).output().unwrap();
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{all}");
+    let st = ksearch_store::Store::open_read_only(&store_path).unwrap();
+    let searched = st
+        .evaluations(1, None)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.purpose == "search")
+        .count();
+    assert!(searched >= 1, "the resumed run evaluated candidates:\n{all}");
+    assert!(st.run(1).unwrap().status.starts_with("done"), "{all}");
 }

@@ -374,6 +374,18 @@ pub fn check_outputs_parallel(
     (c, None)
 }
 
+/// This machine's host name ("localhost" when it has none).
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer it is given.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(h) if rc == 0 && !h.is_empty() => h.to_string(),
+        _ => "localhost".into(),
+    }
+}
+
 /// Seconds of the machine's monotonic clock (`CLOCK_MONOTONIC`): one clock for every process
 /// of the machine, so spans reported by different workers can be compared.
 pub fn monotonic_s() -> f64 {
@@ -384,10 +396,13 @@ pub fn monotonic_s() -> f64 {
 }
 
 /// The measurement lock of one device: an exclusive `flock` on
-/// `<cache>/locks/<backend>-<device>.lock`, held by a worker only while it runs a candidate on
-/// the device (runs, checks, timing), never while it compiles or draws inputs. Several worker
-/// processes of one device thus compile at the same time and measure one at a time. The
-/// kernel releases the lock when its holder dies, so a crashed worker never leaves it taken.
+/// `<cache>/locks/<backend>-<host>-<device>.lock`, held by a worker only while it runs a
+/// candidate on the device (runs, checks, timing), never while it compiles or draws inputs.
+/// Several worker processes of one device thus compile at the same time and measure one at a
+/// time. The name says which physical device (the machine's host name, and on CUDA the GPU's
+/// PCI address rather than an ordinal a launcher may remap), so workers on several machines
+/// sharing one cache folder lock only their own device. The kernel releases the lock when its
+/// holder dies, so a crashed worker never leaves it taken.
 #[derive(Debug)]
 pub struct DeviceLock {
     path: std::path::PathBuf,
@@ -402,11 +417,27 @@ pub struct Hold {
 }
 
 impl DeviceLock {
-    pub fn new(cache: &std::path::Path, backend: ksearch_core::Backend, device: usize) -> DeviceLock {
+    /// The lock of `device` (e.g. `0`, or a PCI address) of this machine for `backend`.
+    pub fn new(cache: &std::path::Path, backend: ksearch_core::Backend, device: &str) -> DeviceLock {
+        let name: String = format!("{backend}-{}-{device}", host_name())
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         DeviceLock {
-            path: cache.join("locks").join(format!("{backend}-{device}.lock")),
+            path: cache.join("locks").join(format!("{name}.lock")),
             file: None,
         }
+    }
+
+    /// The lock of this machine's cores (the CPU back-end's device).
+    pub fn cpu(cache: &std::path::Path) -> DeviceLock {
+        DeviceLock::new(cache, ksearch_core::Backend::Cpu, "0")
     }
 
     pub fn path(&self) -> &std::path::Path {

@@ -37,7 +37,7 @@ impl CpuBackend {
         let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         // A reference the task brings is compiled into the same verified cache.
         crate::task_ref::set_cache_dir(cache.clone());
-        let lock = crate::common::DeviceLock::new(&cache, ksearch_core::Backend::Cpu, 0);
+        let lock = crate::common::DeviceLock::cpu(&cache);
         let mut b = CpuBackend {
             cache,
             compiler,
@@ -345,10 +345,7 @@ impl Backend for CpuBackend {
         };
         reply.overhead_s += t.elapsed().as_secs_f64();
         progress("compiled");
-        let mut lock = std::mem::replace(
-            &mut dev.backend.lock,
-            crate::common::DeviceLock::new(Path::new(""), ksearch_core::Backend::Cpu, 0),
-        );
+        let mut lock = std::mem::replace(&mut dev.backend.lock, crate::common::DeviceLock::cpu(Path::new("")));
         judge_request(&mut dev, req, progress, &mut reply, &mut lock);
         dev.backend.lock = lock;
         reply.resources = Resources::default();

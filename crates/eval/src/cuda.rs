@@ -767,7 +767,15 @@ impl CudaBackend {
         }
         let flush_bytes = (2 * l2_bytes).max(64 << 20);
         let flush = DevBuf::alloc(flush_bytes).map_err(|e| format!("cannot allocate the L2 flush buffer: {}", drv_err(e)))?;
-        let lock = crate::common::DeviceLock::new(&cache, ksearch_core::Backend::Cuda, ordinal);
+        // The physical GPU (an ordinal is relative to CUDA_VISIBLE_DEVICES, which a launcher
+        // may set per worker): its PCI address.
+        let pci = format!(
+            "{:04x}.{:02x}.{:02x}",
+            dev_attr(dev, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
+            dev_attr(dev, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
+            dev_attr(dev, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)?
+        );
+        let lock = crate::common::DeviceLock::new(&cache, ksearch_core::Backend::Cuda, &pci);
         let mut b = CudaBackend {
             ordinal,
             cache,
@@ -1217,7 +1225,7 @@ impl CudaBackend {
             reply.resources.stack_bytes = func_attr(*f, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES).map(|v| v as u64);
         }
         progress("compiled");
-        let placeholder = crate::common::DeviceLock::new(&self.cache, ksearch_core::Backend::Cuda, self.ordinal);
+        let placeholder = crate::common::DeviceLock::new(&self.cache, ksearch_core::Backend::Cuda, "none");
         let mut lock = std::mem::replace(&mut self.lock, placeholder);
         let mut dev = CudaDevice {
             be: self,
