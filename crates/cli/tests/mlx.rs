@@ -242,7 +242,10 @@ fn an_eval_on_the_cpu_back_end_fails_as_infra_and_the_worker_keeps_serving() {
         return;
     }
     let t = task("softmax");
-    let k = &t.backend(ksearch_core::Backend::MlxCuda).expect("softmax has an mlx-cuda section").seed;
+    let k = &t
+        .backend(ksearch_core::Backend::MlxCuda)
+        .expect("softmax has an mlx-cuda section")
+        .seed;
     let cand = candidate_of(k);
     let mut w = Worker::start(&py, "mlx-cuda");
     let hello = w.line();
@@ -280,7 +283,9 @@ fn export_writes_a_self_contained_module_of_the_best_kernel() {
     let d = tempfile::tempdir().unwrap();
     let db = d.path().join("s.db");
     let t = task("mamba_scan");
-    let b = t.backend(ksearch_core::Backend::MlxCuda).expect("mamba_scan has an mlx-cuda section");
+    let b = t
+        .backend(ksearch_core::Backend::MlxCuda)
+        .expect("mamba_scan has an mlx-cuda section");
     let k = b.kernels.first().unwrap_or(&b.seed);
     let cand = candidate_of(k);
     {

@@ -55,7 +55,9 @@ fn pool(cache: &Path, n: usize, env: &[(&str, &str)]) -> Pool {
 
 /// A request for knowledge-base kernel `kernel` of the `bad` task (the seed is `good`).
 fn request(t: &Task, id: u64, kernel: &str, defines: &[(&str, i64)]) -> EvalRequest {
-    let k = t.kernel(ksearch_core::Backend::Cpu, kernel).unwrap_or_else(|| panic!("no kernel {kernel}"));
+    let k = t
+        .kernel(ksearch_core::Backend::Cpu, kernel)
+        .unwrap_or_else(|| panic!("no kernel {kernel}"));
     let b = t.backend(ksearch_core::Backend::Cpu).expect("cpu back-end");
     EvalRequest {
         id,

@@ -330,7 +330,9 @@ fn shipped_cuda_kernels_pass() {
     let mut id = 100;
     let mut failed = Vec::new();
     for t in &tasks {
-        let Some(b) = t.backend(ksearch_core::Backend::Cuda) else { continue };
+        let Some(b) = t.backend(ksearch_core::Backend::Cuda) else {
+            continue;
+        };
         for k in t.kernels(ksearch_core::Backend::Cuda) {
             id += 1;
             let defines = k.default_config();
