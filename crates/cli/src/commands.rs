@@ -3,6 +3,7 @@
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use ksearch_core::Backend;
@@ -384,6 +385,8 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
         "",
         &serde_json::to_value(&cfg)?,
     )?;
+    // This process drives the run until it returns (the lock goes with it, or with the process).
+    let _owner = store.lock_run(run_id)?;
     if !g.quiet {
         eprintln!(
             "run {run_id}: {} on {} ({}), planner {}, {} rounds",
@@ -394,6 +397,7 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
     let mut s = new_search_with(store, run_id, cfg.clone(), task, g.quiet, Some(started))?;
     let stop = StopRules::of(&cfg, budget);
     let pb = progress(&mut s, g.quiet);
+    s.set_interrupt(stop_signals());
     let end = s.run(stop);
     conclude(&s, end, &pb)
 }
@@ -515,11 +519,47 @@ fn progress(s: &mut Search, quiet: bool) -> indicatif::ProgressBar {
     pb
 }
 
+/// Raised by SIGINT or SIGTERM while a run is driven.
+static STOP: AtomicBool = AtomicBool::new(false);
+/// The first stop signal received (0: none).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    // Only async-signal-safe work: atomics and _exit.
+    if STOP_SIGNAL.swap(sig, Ordering::SeqCst) != 0 {
+        // A second signal: leave at once; the store is transactional, nothing booked is lost.
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(128 + sig) };
+    }
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Stop the run on SIGINT and SIGTERM (the engine looks at the flag between evaluations); a
+/// second one exits at once.
+fn stop_signals() -> &'static AtomicBool {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is valid; the handler only touches atomics and calls _exit;
+        // SA_RESTART keeps the reads from workers going when the signal lands.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+    &STOP
+}
+
 /// What a run's end prints, and its exit code.
 fn conclude(s: &Search, end: Result<RunEnd>, pb: &indicatif::ProgressBar) -> Result<i32> {
     pb.finish_and_clear();
     let run_id = s.run_id();
     match end? {
+        RunEnd::Interrupted => {
+            eprintln!("interrupted: resume with ksearch resume {run_id}");
+            Ok(128 + STOP_SIGNAL.load(Ordering::SeqCst))
+        }
         RunEnd::Stopped { reason } => {
             println!(
                 "run {run_id} stopped at round {}: {reason}; continue with `ksearch resume {run_id}`",
@@ -627,6 +667,8 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
         print_report(&rep);
         return Ok(if rep.no_result().is_none() { 0 } else { 1 });
     }
+    // One driver per run: refused (nothing written) while another process drives it.
+    let _owner = store.lock_run(run_id)?;
     let prev: RunConfig = serde_json::from_value(row.config.clone()).context("the run's stored configuration is unreadable")?;
     let task = Task::load(&prev.task_path).or_else(|_| {
         let dir = tasks_dir(g, &fc)?;
@@ -644,6 +686,7 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
     let stop = StopRules::of(&cfg, budget);
     let mut s = new_search(store, run_id, cfg, task, g.quiet)?;
     let pb = progress(&mut s, g.quiet);
+    s.set_interrupt(stop_signals());
     let end = s.resume(stop);
     conclude(&s, end, &pb)
 }

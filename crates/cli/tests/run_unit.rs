@@ -310,3 +310,205 @@ fn a_worker_ends_when_its_request_channel_hangs_up_mid_kernel() {
         closed.elapsed().as_secs_f64()
     );
 }
+
+// ----- one driver per run, signals, resume from every phase -----
+
+fn tasks_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks")
+}
+
+/// `ksearch --store STORE --tasks-dir tasks --quiet ARGS` in `dir`.
+fn on_store(dir: &Path, store: &Path, args: &[&str]) -> Command {
+    let mut c = ksearch(dir);
+    c.arg("--store")
+        .arg(store)
+        .arg("--tasks-dir")
+        .arg(tasks_dir())
+        .arg("--quiet")
+        .args(args);
+    c
+}
+
+/// A CPU softmax run of `rounds` rounds with few repetitions, started in the background.
+fn spawn_run(dir: &Path, store: &Path, rounds: u32) -> std::process::Child {
+    let rounds = rounds.to_string();
+    on_store(
+        dir,
+        store,
+        &[
+            "run",
+            "softmax",
+            "--backend",
+            "cpu",
+            "--rounds",
+            &rounds,
+            "--patience",
+            "50",
+            "--max-reps",
+            "3",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap()
+}
+
+/// The purposes of run 1's evaluations so far (empty while the store or run is not there).
+fn purposes(store: &Path) -> Vec<String> {
+    ksearch_store::Store::open_read_only(store)
+        .and_then(|s| s.evaluations(1, None))
+        .map(|v| v.into_iter().map(|e| e.purpose).collect())
+        .unwrap_or_default()
+}
+
+/// Wait (at most 5 minutes) until run 1's evaluations satisfy `ready`; the process must live.
+fn wait_for(child: &mut std::process::Child, store: &Path, what: &str, ready: impl Fn(&[String]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if ready(&purposes(store)) {
+            return;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the search ended before {what}");
+        assert!(Instant::now() < deadline, "never reached {what}: {:?}", purposes(store));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn signal(child: &std::process::Child, sig: libc::c_int) {
+    // SAFETY: a signal to a child of this test, by its pid.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0);
+}
+
+/// Run 1 ended whole: its report's counts agree with the store, it made `rounds` rounds, each
+/// on one node, and no node was measured twice in the search (a node in flight at a kill or a
+/// signal was booked once, when it was tried again).
+fn check_whole(store: &Path, rounds: u32) {
+    let s = ksearch_store::Store::open_read_only(store).unwrap();
+    let row = s.run(1).unwrap();
+    assert!(row.status.starts_with("done"), "status {}", row.status);
+    let report: serde_json::Value = row.report.clone().expect("a report");
+    let evals = s.evaluations(1, None).unwrap();
+    assert_eq!(report["evaluations"].as_u64(), Some(evals.len() as u64), "{report}");
+    assert_eq!(report["rounds"].as_u64(), Some(rounds as u64), "{report}");
+    let nodes = s.nodes(1).unwrap();
+    let booked = nodes
+        .iter()
+        .filter(|n| n.parent.is_some() && n.round_evaluated.is_some())
+        .count();
+    assert_eq!(booked, rounds as usize, "one booked node per round");
+    let mut search: std::collections::BTreeMap<Option<i64>, usize> = Default::default();
+    for e in evals.iter().filter(|e| e.purpose == "search" || e.purpose == "seed") {
+        *search.entry(e.node_id).or_default() += 1;
+    }
+    assert!(search.values().all(|n| *n == 1), "a node measured twice: {search:?}");
+    // One finish's rows: each candidate re-timed at most twice (a noisy pair is taken again).
+    let mut finals: std::collections::BTreeMap<Option<i64>, usize> = Default::default();
+    for e in evals.iter().filter(|e| e.purpose == "heldout") {
+        *finals.entry(e.node_id).or_default() += 1;
+    }
+    assert!(finals.values().all(|n| *n == 1), "held-out rows of two finishes: {finals:?}");
+    assert!(
+        nodes.iter().all(|n| n.status != ksearch_core::tree::NodeStatus::Running),
+        "a node left running"
+    );
+}
+
+/// While a run is driven, `resume` of it is refused in one line (exit 2) and writes nothing;
+/// after a `kill -9` of the run, two resumes start at once: exactly one proceeds and finishes it.
+#[test]
+fn one_driver_per_run_and_a_killed_drivers_run_is_taken_over() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store.db");
+    let mut run = spawn_run(d.path(), &store, 4);
+    wait_for(&mut run, &store, "two evaluations", |p| p.len() >= 2);
+    // Frozen, so that the count cannot move while the second driver tries.
+    signal(&run, libc::SIGSTOP);
+    let before = purposes(&store);
+    let cfg_before = ksearch_store::Store::open_read_only(&store).unwrap().run(1).unwrap().config;
+    let o = on_store(d.path(), &store, &["resume", "1"]).output().unwrap();
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert_eq!(t.trim().lines().count(), 1, "{t}");
+    assert!(
+        t.contains("run 1 is being driven by pid") && t.contains(&run.id().to_string()),
+        "{t}"
+    );
+    assert_eq!(purposes(&store), before, "the refused resume wrote evaluations");
+    let row = ksearch_store::Store::open_read_only(&store).unwrap().run(1).unwrap();
+    assert_eq!(row.config, cfg_before);
+    assert_eq!(row.status, "running");
+    signal(&run, libc::SIGCONT);
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let both: Vec<_> = (0..2)
+        .map(|_| {
+            on_store(d.path(), &store, &["resume", "1"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = both.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let refused: Vec<_> = outs.iter().filter(|o| o.status.code() == Some(2)).collect();
+    assert_eq!(refused.len(), 1, "{:?}", outs.iter().map(text).collect::<Vec<_>>());
+    assert!(text(refused[0]).contains("is being driven by pid"), "{}", text(refused[0]));
+    let went = outs.iter().find(|o| o.status.code() != Some(2)).unwrap();
+    assert!(matches!(went.status.code(), Some(0) | Some(1)), "{}", text(went));
+    check_whole(&store, 4);
+}
+
+/// SIGINT during a run: exit 130, the one line, the run `interrupted` (as `runs` shows it),
+/// and `resume` finishes it with no evaluation done twice. SIGTERM alike, exit 143.
+#[test]
+fn sigint_and_sigterm_stop_a_run_cleanly_and_resume_finishes_it() {
+    for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let d = tempfile::tempdir().unwrap();
+        let store = d.path().join("store.db");
+        let mut run = spawn_run(d.path(), &store, 3);
+        wait_for(&mut run, &store, "two evaluations", |p| p.len() >= 2);
+        signal(&run, sig);
+        let o = run.wait_with_output().unwrap();
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(code), "{t}");
+        assert_eq!(t.trim(), "interrupted: resume with ksearch resume 1", "{t}");
+        let row = ksearch_store::Store::open_read_only(&store).unwrap().run(1).unwrap();
+        assert_eq!(row.status, "interrupted");
+        let runs = on_store(d.path(), &store, &["runs"]).output().unwrap();
+        assert!(text(&runs).contains("interrupted"), "{}", text(&runs));
+        let o = on_store(d.path(), &store, &["resume", "1"]).output().unwrap();
+        assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", text(&o));
+        check_whole(&store, 3);
+    }
+}
+
+/// A moment of a run, told by its evaluations' purposes.
+type Moment = Box<dyn Fn(&[String]) -> bool>;
+
+/// `kill -9` early (after the seed), mid-search and during the final phase, each time followed
+/// by `resume`: the run ends whole, its report counting what the store holds.
+#[test]
+fn a_run_killed_in_every_phase_resumes_to_the_same_counts() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store.db");
+    let mut child = spawn_run(d.path(), &store, 4);
+    let moments: [(&str, Moment); 3] = [
+        ("the seed", Box::new(|p| !p.is_empty())),
+        ("mid-search", Box::new(|p| p.iter().filter(|x| *x == "search").count() >= 2)),
+        ("the final phase", Box::new(|p| p.iter().any(|x| x == "final"))),
+    ];
+    for (what, ready) in moments {
+        wait_for(&mut child, &store, what, ready);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        child = on_store(d.path(), &store, &["resume", "1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", text(&o));
+    check_whole(&store, 4);
+}

@@ -105,16 +105,29 @@ impl Pool {
     /// A worker that crashes or hangs answers its request with the failure and is restarted
     /// for the next one.
     pub fn eval_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
-        self.run_many(reqs, Supervisor::eval)
+        self.run_many(reqs, Supervisor::eval, None)
+    }
+
+    /// Like `eval_many`, on the workers of one device only (the first worker's): for times
+    /// compared with each other (a candidate against the seed), never taken on two devices.
+    pub fn eval_many_on_one_device(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
+        let dev = self.devices.first().copied();
+        self.run_many(reqs, Supervisor::eval, dev)
     }
 
     /// Time the back-end's native implementation on `reqs` (see `Supervisor::baseline`),
     /// concurrently like `eval_many`.
     pub fn baseline_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
-        self.run_many(reqs, Supervisor::baseline)
+        self.run_many(reqs, Supervisor::baseline, None)
     }
 
-    fn run_many(&mut self, reqs: &[EvalRequest], op: fn(&mut Supervisor, &EvalRequest) -> EvalReply) -> Vec<EvalReply> {
+    /// `op` on every request, concurrently over the workers (of device `only` when given).
+    fn run_many(
+        &mut self,
+        reqs: &[EvalRequest],
+        op: fn(&mut Supervisor, &EvalRequest) -> EvalReply,
+        only: Option<usize>,
+    ) -> Vec<EvalReply> {
         if reqs.is_empty() {
             return Vec::new();
         }
@@ -126,13 +139,15 @@ impl Pool {
         }
         let t = std::time::Instant::now();
         let next = AtomicUsize::new(0);
-        let busy = reqs.len().min(self.workers.len());
+        let eligible = self.devices.iter().filter(|d| only.is_none_or(|o| **d == o)).count();
+        let busy = reqs.len().min(eligible);
         // Each thread: (its device, its replies with their request index).
         let done: Vec<(usize, Vec<(usize, EvalReply)>)> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .workers
                 .iter_mut()
                 .zip(&self.devices)
+                .filter(|(_, d)| only.is_none_or(|o| **d == o))
                 .take(busy)
                 .map(|(w, &dev)| {
                     let next = &next;

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ksearch_core::Backend;
@@ -88,7 +89,22 @@ pub enum RunEnd {
     Finished(Box<Report>),
     /// The planner had to stop (its budget is spent): the run is resumable, no final phase ran.
     Stopped { reason: String },
+    /// The stop flag was raised (a signal): the run is `interrupted`, everything booked is kept,
+    /// a node whose evaluation was in flight is open again; `resume` goes on.
+    Interrupted,
 }
+
+/// The error that unwinds the final phase when the stop flag is raised (see `RunEnd::Interrupted`).
+#[derive(Debug)]
+struct InterruptedErr;
+
+impl std::fmt::Display for InterruptedErr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for InterruptedErr {}
 
 /// What a [`Search`] is made of.
 pub struct Parts {
@@ -155,8 +171,15 @@ pub struct Search {
     seed_times: Vec<f64>,
     evals: u64,
     rounds_since_best: u32,
+    /// Wall seconds per evaluation seen so far (sum, count): what the time budget keeps for
+    /// the final phase is estimated from it.
+    eval_wall: (f64, u64),
+    /// The end of this invocation's time budget.
+    deadline: Option<Instant>,
     started: Instant,
     events: Box<dyn FnMut(&Event)>,
+    /// Raised from outside (a signal handler) to stop between evaluations.
+    interrupt: Option<&'static AtomicBool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -359,9 +382,30 @@ impl Search {
             seed_times: vec![],
             evals: 0,
             rounds_since_best: 0,
+            eval_wall: (0.0, 0),
+            deadline: None,
             started: Instant::now(),
             events: Box::new(|_| {}),
+            interrupt: None,
         }
+    }
+
+    /// A flag that, once raised, stops the run between evaluations: what is booked stays, a
+    /// node whose evaluation was in flight is reopened, the run is marked `interrupted` and
+    /// `run`/`resume` return [`RunEnd::Interrupted`].
+    pub fn set_interrupt(&mut self, flag: &'static AtomicBool) {
+        self.interrupt = Some(flag);
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupt.is_some_and(|f| f.load(Ordering::SeqCst))
+    }
+
+    /// Mark the run interrupted (resumable).
+    fn mark_interrupted(&mut self) -> Result<RunEnd> {
+        self.store
+            .set_run_status(self.run_id, "interrupted", Some("interrupted by a signal"))?;
+        Ok(RunEnd::Interrupted)
     }
 
     /// Where progress goes (by default nowhere).
@@ -403,7 +447,8 @@ impl Search {
     /// a stop rule holds, then re-time, validate and report.
     pub fn run(&mut self, stop: StopRules) -> Result<RunEnd> {
         // One deadline: the time budget also bounds every LLM call in flight, the first included.
-        self.planner.set_deadline(stop.time_budget.map(|b| self.started + b));
+        self.deadline = stop.time_budget.map(|b| self.started + b);
+        self.planner.set_deadline(self.deadline);
         self.start()?;
         self.drive(stop)
     }
@@ -413,9 +458,15 @@ impl Search {
     /// `killed_orchestrator`), a seed never measured is measured now, the round counter and
     /// the rounds since the best go on; a search that had ended goes straight to its final phase.
     pub fn resume(&mut self, stop: StopRules) -> Result<RunEnd> {
-        self.planner.set_deadline(stop.time_budget.map(|b| self.started + b));
+        self.deadline = stop.time_budget.map(|b| self.started + b);
+        self.planner.set_deadline(self.deadline);
         let run_id = self.run_id;
         let row = self.store.run(run_id)?;
+        // What evaluations took before, for the time the final phase needs.
+        for e in self.store.evaluations(run_id, None)? {
+            self.eval_wall.0 += e.wall_s;
+            self.eval_wall.1 += 1;
+        }
         let mut nodes = self.store.nodes(run_id)?;
         for n in nodes.iter_mut().filter(|n| n.status == NodeStatus::Running) {
             if n.attempts >= 2 {
@@ -435,8 +486,11 @@ impl Search {
             }
             self.store.update_node(n)?;
         }
+        // The round counter counts booked rounds: a round whose node was in flight when the
+        // process died was persisted as started, but it is tried again, not counted twice.
+        let booked = nodes.iter().filter_map(|n| n.round_evaluated).max().unwrap_or(0);
         self.tree = Tree::from_nodes(nodes);
-        self.round = row.round;
+        self.round = row.round.min(booked);
         self.evals = self.store.count_evaluations(run_id)? + 1000;
         match self.tree.root().cloned() {
             // Interrupted before or while the seed was measured: measure it now.
@@ -488,17 +542,50 @@ impl Search {
         self.drive(stop)
     }
 
+    /// Wall time of one evaluation so far (a mean; zero before any).
+    fn per_eval_s(&self) -> Duration {
+        let (sum, n) = self.eval_wall;
+        if n == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64((sum / n as f64).max(0.0))
+    }
+
+    /// The time the final phase is estimated to take: each of the best candidates (at most
+    /// `FINAL_CANDIDATES`) re-timed with the seed, then held-out validation of the chosen one
+    /// with the seed, at the mean evaluation time so far.
+    fn final_reserve(&self) -> Duration {
+        let better = self
+            .tree
+            .nodes
+            .values()
+            .filter(|n| n.status == NodeStatus::Solved && n.parent.is_some() && n.speedup.unwrap_or(0.0) > 1.0)
+            .count();
+        let evals = 2 * better.clamp(1, FINAL_CANDIDATES) as u32 + 2;
+        self.per_eval_s() * evals
+    }
+
+    /// Whether the time budget leaves room for `evals` more evaluations.
+    fn time_for(&self, evals: u32) -> bool {
+        self.deadline.is_none_or(|d| Instant::now() + self.per_eval_s() * evals <= d)
+    }
+
     /// Rounds until a stop rule holds, then the final phase.
     fn drive(&mut self, stop: StopRules) -> Result<RunEnd> {
         let evals0 = self.store.count_evaluations(self.run_id)?;
         let reason = loop {
             self.planner_notes();
+            if self.interrupted() {
+                return self.mark_interrupted();
+            }
             if self.round >= stop.rounds {
                 break "round budget reached".to_string();
             }
             if let Some(b) = stop.time_budget
-                && self.started.elapsed() >= b
+                && self.started.elapsed() + self.final_reserve() + self.per_eval_s() >= b
             {
+                // The budget covers the final phase: the rounds stop early enough to leave it
+                // the time it is estimated to take.
                 break format!("time budget {} reached", humantime::format_duration(b));
             }
             if self.rounds_since_best >= stop.patience {
@@ -508,7 +595,9 @@ impl Search {
                 self.store.set_run_status(self.run_id, "stopped", Some(&why))?;
                 return Ok(RunEnd::Stopped { reason: why });
             }
-            if !self.step()? {
+            let k = self.evaluator.parallelism().clamp(1, (stop.rounds - self.round) as usize);
+            let more = if k > 1 { self.step_batch(k)? } else { self.step()? };
+            if !more {
                 break "no open actions left".to_string();
             }
             let evaluations = self.store.count_evaluations(self.run_id)?.saturating_sub(evals0);
@@ -519,8 +608,15 @@ impl Search {
                 evaluations,
             });
         };
+        if self.interrupted() {
+            return self.mark_interrupted();
+        }
         (self.events)(&Event::Finishing { reason: reason.clone() });
-        Ok(RunEnd::Finished(Box::new(self.finish(&reason)?)))
+        match self.finish(&reason) {
+            Ok(r) => Ok(RunEnd::Finished(Box::new(r))),
+            Err(e) if e.is::<InterruptedErr>() => self.mark_interrupted(),
+            Err(e) => Err(e),
+        }
     }
 
     fn workloads(&self, list: &[Workload], purpose: u64) -> Vec<WorkloadReq> {
@@ -638,10 +734,22 @@ impl Search {
     /// Evaluate independent things as one batch (the evaluator may run them at once): one
     /// reply per plan, in order, each with its share of the batch's wall time.
     fn evaluate_batch(&mut self, plans: Vec<Planned>) -> Vec<(EvalReply, f64)> {
+        self.evaluate_batch_on(plans, false)
+    }
+
+    /// `evaluate_batch`, every request on one device when `same_device` (times compared with
+    /// each other: the final re-timing and held-out validation against the seed).
+    fn evaluate_batch_on(&mut self, plans: Vec<Planned>, same_device: bool) -> Vec<(EvalReply, f64)> {
         let all: Vec<EvalRequest> = plans.iter().flat_map(|p| p.reqs.iter().cloned()).collect();
         let t = Instant::now();
-        let mut replies = self.evaluator.eval_many(&all);
+        let mut replies = if same_device {
+            self.evaluator.eval_same_device(&all)
+        } else {
+            self.evaluator.eval_many(&all)
+        };
         let share = t.elapsed().as_secs_f64() / plans.len().max(1) as f64;
+        self.eval_wall.0 += share * plans.len() as f64;
+        self.eval_wall.1 += plans.len() as u64;
         // An evaluator that answers fewer requests than it was given failed on the rest.
         for q in all.iter().skip(replies.len()) {
             replies.push(EvalReply::failed(q.id, FailureClass::Infra, "the evaluator gave no reply"));
@@ -740,7 +848,8 @@ impl Search {
         }
         let reqs: Vec<EvalRequest> = cands.iter().map(|c| self.request(c, heldout, false)).collect();
         self.cfg.timing = saved;
-        let mut replies = self.evaluator.eval_many(&reqs);
+        // Compared with each other: on one device.
+        let mut replies = self.evaluator.eval_same_device(&reqs);
         replies.resize_with(reqs.len(), EvalReply::default);
         for (r, q) in replies.iter_mut().zip(&reqs) {
             r.id = q.id;
@@ -892,29 +1001,227 @@ impl Search {
         Ok(())
     }
 
-    /// One round. Returns false when nothing is left to try.
-    fn step(&mut self) -> Result<bool> {
+    /// The open node the policy picks next, leaving out `taken` (already picked for a batch).
+    fn select_open(&self, taken: &[i64]) -> Option<i64> {
         // Open nodes this planner cannot write (LLM edits under the offline planner) are
         // skipped, not failed: they stay open for a later run with a planner that can.
-        let unwritable: Vec<i64> = self
+        let mut skip: Vec<i64> = self
             .tree
             .open()
             .into_iter()
             .filter(|n| !self.planner.can_write(n))
             .map(|n| n.id)
             .collect();
-        let picked = if unwritable.is_empty() {
+        skip.extend_from_slice(taken);
+        let picked = if skip.is_empty() {
             ksearch_core::policy::select(&self.tree)
         } else {
             let mut view = self.tree.clone();
-            for i in &unwritable {
+            for i in &skip {
                 if let Some(n) = view.nodes.get_mut(i) {
                     n.status = NodeStatus::Pruned;
                 }
             }
             ksearch_core::policy::select(&view)
         };
-        let Some((id, _score)) = picked else {
+        picked.map(|(id, _)| id)
+    }
+
+    /// Book node `id` as a duplicate of the measured node `prev` (same candidate `key`).
+    fn book_duplicate(&mut self, id: i64, prev: &Node, key: String) -> Result<()> {
+        let round = self.round;
+        let n = self.tree.nodes.get_mut(&id).expect("node");
+        n.status = prev.status;
+        n.speedup = prev.speedup;
+        n.time_us = prev.time_us;
+        n.failure = prev.failure;
+        n.candidate = Some(key);
+        n.round_evaluated = Some(round);
+        n.assessment.hw_fit.note = format!("duplicate of node {}: not re-evaluated", prev.id);
+        let snap = n.clone();
+        let rid = self.run_id;
+        self.store.atomic(|s| {
+            s.update_node(&snap)?;
+            s.set_run_round(rid, round)
+        })?;
+        self.log(&format!("round {round}: node {id} is a duplicate of node {}", prev.id));
+        Ok(())
+    }
+
+    /// Node `id` (running) goes back to open, its attempt undone: it was not tried.
+    fn reopen(&mut self, id: i64) -> Result<()> {
+        let n = self.tree.nodes.get_mut(&id).expect("node");
+        n.status = NodeStatus::Open;
+        n.attempts = n.attempts.saturating_sub(1);
+        let snapshot = n.clone();
+        self.store.update_node(&snapshot)?;
+        Ok(())
+    }
+
+    /// The measured node with candidate `key`, other than `id`.
+    fn measured_with(&self, id: i64, key: &str) -> Option<Node> {
+        self.tree
+            .nodes
+            .values()
+            .find(|n| {
+                n.id != id && n.candidate.as_deref() == Some(key) && matches!(n.status, NodeStatus::Solved | NodeStatus::Failed)
+            })
+            .cloned()
+    }
+
+    /// Up to `k` rounds at once: the policy's top `k` open nodes are written, their candidates
+    /// evaluated in one batch, and the results booked in order, each as one round (exactly as
+    /// `step` books one). Returns false when nothing is left to try.
+    fn step_batch(&mut self, k: usize) -> Result<bool> {
+        let mut ids = Vec::new();
+        while ids.len() < k {
+            match self.select_open(&ids) {
+                Some(id) => ids.push(id),
+                None => break,
+            }
+        }
+        if ids.is_empty() {
+            return Ok(false);
+        }
+        let rid = self.run_id;
+        let r0 = self.round;
+        let mut snaps = Vec::new();
+        for id in &ids {
+            let n = self.tree.nodes.get_mut(id).expect("selected node exists");
+            n.status = NodeStatus::Running;
+            n.attempts += 1;
+            snaps.push(n.clone());
+        }
+        // Persisted as started: a kill now leaves them running, reopened by `resume`, and the
+        // round counter there counts booked rounds only.
+        self.store.atomic(|s| {
+            for n in &snaps {
+                s.update_node(n)?;
+            }
+            s.set_run_round(rid, r0 + ids.len() as u32)
+        })?;
+        /// What became of a node of the batch before the evaluation.
+        enum Item {
+            /// Not written now (the planner must stop or retry later): open again.
+            Later(String),
+            /// Written, nothing to evaluate (no candidate, or a static check failed).
+            Booked(Option<(String, Candidate)>, Option<String>, Box<EvalReply>),
+            /// A duplicate of an earlier node (of the tree, or of this batch: booked after it).
+            Duplicate(String),
+            /// Evaluated: its plan's index in the batch.
+            Eval(String, Candidate, String, usize),
+        }
+        let mut items: Vec<(i64, Option<f64>, Item)> = Vec::new();
+        let mut plans = Vec::new();
+        for (i, id) in ids.iter().copied().enumerate() {
+            self.round = r0 + i as u32 + 1;
+            let node = self.tree.get(id).cloned().expect("node");
+            let parent_speedup = node.parent.and_then(|p| self.tree.get(p)).and_then(|p| p.speedup);
+            let written = self.planner.write(&ctx!(self), &node);
+            self.planner_notes();
+            let item = match written {
+                Err(msg) if self.planner.stop_reason().is_some() || self.planner.retry_later() => Item::Later(msg),
+                Err(msg) => Item::Booked(
+                    None,
+                    None,
+                    Box::new(EvalReply::failed(
+                        0,
+                        FailureClass::Check,
+                        format!("no candidate written (by the {} planner): {msg}", self.planner.name()),
+                    )),
+                ),
+                Ok(w) => {
+                    let key = w.candidate.key();
+                    let in_batch = items.iter().any(|(_, _, it)| matches!(it, Item::Eval(k2, ..) if *k2 == key));
+                    if in_batch || self.measured_with(id, &key).is_some() {
+                        Item::Duplicate(key)
+                    } else {
+                        match self.static_check(&w.candidate) {
+                            Some(f) => Item::Booked(
+                                Some((w.kernel, w.candidate)),
+                                Some(key),
+                                Box::new(EvalReply::failed(self.evals, f.class, f.message)),
+                            ),
+                            None => {
+                                let b = self.task.backend(self.cfg.backend).expect("backend").clone();
+                                plans.push(self.plan(&w.candidate, &w.kernel, &b.search, false));
+                                Item::Eval(key, w.candidate, w.kernel, plans.len() - 1)
+                            }
+                        }
+                    }
+                }
+            };
+            items.push((id, parent_speedup, item));
+        }
+        self.round = r0;
+        let mut replies: Vec<Option<(EvalReply, f64)>> = self.evaluate_batch(plans).into_iter().map(Some).collect();
+        // An infrastructure failure is tried once more (the others of the batch are kept).
+        for (_, _, it) in &items {
+            if let Item::Eval(_, c, kernel, j) = it
+                && replies[*j].as_ref().is_some_and(|(r, _)| r.infra())
+            {
+                let (c, kernel) = (c.clone(), kernel.clone());
+                self.log("infrastructure failure, trying once more");
+                replies[*j] = Some(self.evaluate_search(&c, &kernel));
+            }
+        }
+        if self.interrupted() {
+            // Stopped while they were measured: nothing of the batch is booked.
+            for id in &ids {
+                self.reopen(*id)?;
+            }
+            self.store.set_run_round(rid, r0)?;
+            return Ok(true);
+        }
+        let mut infra: Option<String> = None;
+        let mut later = Vec::new();
+        for (id, parent_speedup, item) in items {
+            match item {
+                Item::Later(msg) => {
+                    self.reopen(id)?;
+                    later.push(format!("node {id} not written: {msg}"));
+                }
+                Item::Booked(cand, key, reply) => {
+                    self.round += 1;
+                    self.finish_node(id, cand, key, *reply, 0.0, parent_speedup)?;
+                }
+                Item::Duplicate(key) => match self.measured_with(id, &key) {
+                    Some(prev) => {
+                        self.round += 1;
+                        self.book_duplicate(id, &prev, key)?;
+                    }
+                    // Its twin of this batch was not booked (an infrastructure failure).
+                    None => self.reopen(id)?,
+                },
+                Item::Eval(key, cand, kernel, j) => {
+                    let (reply, wall) = replies[j].take().unwrap_or_default();
+                    if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
+                        infra.get_or_insert_with(|| first_line(&f.message).to_string());
+                        self.reopen(id)?;
+                        continue;
+                    }
+                    self.round += 1;
+                    self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup)?;
+                }
+            }
+        }
+        let r = self.round;
+        self.store.set_run_round(rid, r)?;
+        for l in later {
+            self.log(&format!("round {r}: {l}"));
+        }
+        self.check_fatal()?;
+        if let Some(why) = infra {
+            let why = format!("infrastructure failure (not the candidate's): {why}");
+            self.store.set_run_status(rid, "stopped", Some(&why))?;
+            bail!("{why}; fix it, then continue with `ksearch resume {rid}`");
+        }
+        Ok(true)
+    }
+
+    /// One round. Returns false when nothing is left to try.
+    fn step(&mut self) -> Result<bool> {
+        let Some(id) = self.select_open(&[]) else {
             return Ok(false);
         };
         self.round += 1;
@@ -994,6 +1301,20 @@ impl Search {
             Some(f) => (EvalReply::failed(self.evals, f.class, f.message), 0.0),
             None => self.evaluate_retrying_infra(|s| s.evaluate_search(&cand, &kernel)),
         };
+        if self.interrupted() {
+            // Stopped while it was measured: not booked, open again for `resume`.
+            let n = self.tree.nodes.get_mut(&id).expect("node");
+            n.status = NodeStatus::Open;
+            n.attempts = n.attempts.saturating_sub(1);
+            let snapshot = n.clone();
+            self.round -= 1;
+            let r = self.round;
+            self.store.atomic(|s| {
+                s.update_node(&snapshot)?;
+                s.set_run_round(rid, r)
+            })?;
+            return Ok(true);
+        }
         if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
             // Not the candidate's failure: the node stays open (the round undone) and the run
             // stops, so that a resume tries it again once the machine is fixed.
@@ -1196,6 +1517,9 @@ impl Search {
     /// Re-time the best candidates against the seed and validate them on held-out workloads.
     fn finish(&mut self, stop_reason: &str) -> Result<Report> {
         let rid = self.run_id;
+        // A finish replaces every final-phase row an earlier, interrupted finish wrote.
+        self.store.new_phase();
+        self.store.drop_earlier_phases(rid)?;
         let round = self.round;
         let seed_node = self.tree.root().cloned().context("run has no seed node")?;
         let seed_cand = self.load_candidate(&seed_node)?;
@@ -1255,6 +1579,9 @@ impl Search {
             if pending.is_empty() {
                 break;
             }
+            if self.interrupted() {
+                return Err(InterruptedErr.into());
+            }
             let saved = self.cfg.timing.clone();
             if attempt > 0 {
                 self.cfg.timing = more_reps(&saved);
@@ -1265,7 +1592,7 @@ impl Search {
                 plans.push(self.plan(&todo[i].1, &todo[i].2, &b.search, false));
             }
             self.cfg.timing = saved;
-            let mut out = self.evaluate_batch(plans).into_iter();
+            let mut out = self.evaluate_batch_on(plans, true).into_iter();
             let mut noisy = Vec::new();
             for &i in &pending {
                 let (Some((rs, ws)), Some((rc, wc))) = (out.next(), out.next()) else {
@@ -1289,7 +1616,12 @@ impl Search {
                 if got[i].as_ref().is_none_or(|g| spread < g.2) {
                     got[i] = Some((ms, mc, spread));
                 }
-                if spread > NOISY_SPREAD && attempt == 0 {
+                if spread > NOISY_SPREAD && attempt == 0 && !self.time_for(3 * 2 * 2) {
+                    self.log(&format!(
+                        "final: node {node_id} timings noisy (spread {:.0}%), no time left in the budget to time them again",
+                        spread * 100.0
+                    ));
+                } else if spread > NOISY_SPREAD && attempt == 0 {
                     self.log(&format!(
                         "final: node {node_id} timings noisy (spread {:.0}%), timing again",
                         spread * 100.0
@@ -1342,6 +1674,9 @@ impl Search {
             if !faster(f.speedup) {
                 break;
             }
+            if self.interrupted() {
+                return Err(InterruptedErr.into());
+            }
             let held = if b.heldout.is_empty() {
                 HeldOut {
                     passed: true,
@@ -1357,7 +1692,7 @@ impl Search {
                     self.plan(&seed_cand, "seed", &b.heldout, true),
                     self.plan(&f.cand, &f.kernel, &b.heldout, true),
                 ];
-                let mut out = self.evaluate_batch(plans).into_iter();
+                let mut out = self.evaluate_batch_on(plans, true).into_iter();
                 let ((hs, hws), (hc, hwc)) = (out.next().unwrap_or_default(), out.next().unwrap_or_default());
                 self.store.atomic(|s| {
                     s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "heldout", &hs, hws)?;
@@ -1390,6 +1725,9 @@ impl Search {
                 None => break,
                 Some(why) => self.log(&format!("final: node {}: {why}; trying the next best", f.node.id)),
             }
+        }
+        if self.interrupted() {
+            return Err(InterruptedErr.into());
         }
         if self.cfg.backend.is_mlx() && !report.best_us.is_empty() {
             report.native = Some(self.native_baseline(&seed_cand, &report.best_us)?);

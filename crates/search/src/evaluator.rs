@@ -11,6 +11,17 @@ use ksearch_eval::Pool;
 pub trait Evaluator {
     /// Evaluate every request; one reply per request, in order.
     fn eval_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply>;
+    /// Like `eval_many`, but every request on the same device, for times that are compared
+    /// with each other (a candidate against the seed): an evaluator spread over several
+    /// devices never compares times from two of them.
+    fn eval_same_device(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
+        self.eval_many(reqs)
+    }
+    /// How many requests it evaluates at once (its workers): the engine hands the search's
+    /// rounds over in batches of this many candidates.
+    fn parallelism(&self) -> usize {
+        1
+    }
     /// Time the back-end's native implementation on `req`'s workloads (the request's candidate
     /// is the seed, for its signature); a back-end without one answers with a failure.
     fn baseline(&mut self, req: &EvalRequest) -> EvalReply;
@@ -25,6 +36,14 @@ pub trait Evaluator {
 impl Evaluator for Pool {
     fn eval_many(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
         Pool::eval_many(self, reqs)
+    }
+
+    fn eval_same_device(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
+        Pool::eval_many_on_one_device(self, reqs)
+    }
+
+    fn parallelism(&self) -> usize {
+        self.len().max(1)
     }
 
     fn baseline(&mut self, req: &EvalRequest) -> EvalReply {

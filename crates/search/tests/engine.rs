@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ksearch_core::data::Check;
@@ -98,12 +99,18 @@ struct Log {
     /// Answer the requests with these indices (0: the first) with an infrastructure failure.
     infra_at: Vec<usize>,
     finishing: bool,
+    /// Raise this stop flag while answering the request with this index (a signal arriving
+    /// during an evaluation), or on the first request of the final phase when the index is
+    /// `usize::MAX`.
+    raise: Option<(usize, &'static AtomicBool)>,
 }
 
 struct Scripted {
     rule: Rule,
     seen: BTreeMap<String, usize>,
     log: Rc<RefCell<Log>>,
+    /// Requests it says it evaluates at once.
+    parallel: usize,
 }
 
 impl Scripted {
@@ -114,6 +121,7 @@ impl Scripted {
                 rule: Box::new(rule),
                 seen: BTreeMap::new(),
                 log: log.clone(),
+                parallel: 1,
             },
             log,
         )
@@ -129,6 +137,11 @@ impl Scripted {
         }
         self.log.borrow_mut().requests.push(req.clone());
         let index = self.log.borrow().requests.len() - 1;
+        if let Some((at, flag)) = self.log.borrow().raise
+            && (at == index || (at == usize::MAX && self.log.borrow().finishing))
+        {
+            flag.store(true, Ordering::SeqCst);
+        }
         if self.log.borrow().infra_at.contains(&index) {
             return EvalReply::failed(req.id, FailureClass::Infra, "scripted: the worker's disk is full");
         }
@@ -193,6 +206,10 @@ impl Evaluator for Scripted {
 
     fn device(&self) -> String {
         "scripted device".into()
+    }
+
+    fn parallelism(&self) -> usize {
+        self.parallel
     }
 }
 
@@ -302,6 +319,7 @@ fn finished(end: RunEnd) -> Report {
     match end {
         RunEnd::Finished(r) => *r,
         RunEnd::Stopped { reason } => panic!("stopped instead of finishing: {reason}"),
+        RunEnd::Interrupted => panic!("interrupted instead of finishing"),
     }
 }
 
@@ -502,8 +520,9 @@ fn resume_after_a_kill_while_the_seed_ran() {
 
 #[test]
 fn resume_after_a_kill_in_a_round() {
-    // The seed, then a few rounds, then the kill in the middle of one.
-    let (b, run_id, r, events) = killed_then_resumed(|l| l.kill_after = Some(4));
+    // The seed, then a few rounds (two builds per candidate, a new best timed twice), then the
+    // kill in the middle of one.
+    let (b, run_id, r, events) = killed_then_resumed(|l| l.kill_after = Some(8));
     assert!(
         events.iter().any(|e| matches!(e, Event::Resumed { round, .. } if *round > 0)),
         "{events:?}"
@@ -517,6 +536,68 @@ fn resume_after_a_kill_in_a_round() {
         nodes.iter().any(|n| n.attempts == 2),
         "the node running at the kill was tried again"
     );
+    // The round killed midway is not counted: 8 rounds booked, each on one node.
+    let booked = nodes
+        .iter()
+        .filter(|n| n.parent.is_some() && n.round_evaluated.is_some())
+        .count();
+    assert_eq!(booked, 8, "{nodes:?}");
+    let p = purposes(&b.db(), run_id);
+    assert_eq!(p.iter().filter(|x| *x == "search").count(), 8, "{p:?}");
+}
+
+/// A stop flag raised during an evaluation at request `at`; then a resume to the end.
+fn interrupted_then_resumed(at: usize) -> (Bench, i64, Report) {
+    let b = Bench::new();
+    let cfg = b.config(8, 50);
+    let flag: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+    let (ev, log) = Scripted::new(plain);
+    log.borrow_mut().raise = Some((at, flag));
+    let (mut s, _) = b.search(&cfg, ev);
+    s.set_interrupt(flag);
+    let run_id = s.run_id();
+    let end = s.run(stop(&cfg)).expect("run");
+    assert!(matches!(end, RunEnd::Interrupted), "{end:?}");
+    drop(s);
+    let store = Store::open(&b.db()).unwrap();
+    assert_eq!(store.run(run_id).unwrap().status, "interrupted");
+    let nodes = store.nodes(run_id).unwrap();
+    assert!(nodes.iter().all(|n| n.status != NodeStatus::Running), "{nodes:?}");
+    drop(store);
+    let (ev, _) = Scripted::new(plain);
+    let (mut s, _) = b.attach(run_id, &cfg, ev);
+    let r = finished(s.resume(stop(&cfg)).expect("resume"));
+    (b, run_id, r)
+}
+
+#[test]
+fn an_interrupted_round_is_not_booked_and_resume_finishes_the_run() {
+    let (b, run_id, r) = interrupted_then_resumed(3);
+    assert_eq!(r.no_result(), None, "{r:?}");
+    assert_eq!(r.rounds, 8);
+    let store = Store::open(&b.db()).unwrap();
+    assert!(store.run(run_id).unwrap().status.starts_with("done"));
+    let evals = store.evaluations(run_id, None).unwrap();
+    // No node was measured twice in the search: the one in flight was left open, then tried once.
+    let mut per_node = BTreeMap::new();
+    for e in evals.iter().filter(|e| e.purpose == "search") {
+        *per_node.entry(e.node_id).or_insert(0) += 1;
+    }
+    assert!(per_node.values().all(|n| *n == 1), "{per_node:?}");
+    assert_eq!(per_node.len(), 8);
+    assert!(store.nodes(run_id).unwrap().iter().all(|n| n.attempts <= 1));
+}
+
+#[test]
+fn an_interrupted_final_phase_leaves_no_duplicate_final_rows() {
+    let (b, run_id, r) = interrupted_then_resumed(usize::MAX);
+    assert_eq!(r.no_result(), None, "{r:?}");
+    let p = purposes(&b.db(), run_id);
+    // One re-timing per candidate (with the seed) and one held-out pair, from the finish that
+    // completed only.
+    assert_eq!(p.iter().filter(|x| *x == "final").count(), 2 * r.retimed.len(), "{p:?}");
+    assert_eq!(p.iter().filter(|x| *x == "heldout").count(), 2, "{p:?}");
+    assert_eq!(r.evaluations, p.len() as u64);
 }
 
 #[test]
@@ -578,4 +659,73 @@ fn an_infrastructure_failure_stops_the_run_and_resume_tries_the_node_again() {
     let r = finished(s.resume(stop(&cfg)).expect("resume"));
     assert_eq!(r.no_result(), None, "{r:?}");
     assert_eq!(r.rounds, 6);
+}
+
+/// Every candidate measured in the search of run `run`: its key, status and speed-up.
+fn measured(db: &Path, run: i64) -> BTreeMap<String, (NodeStatus, Option<String>)> {
+    let store = Store::open(db).unwrap();
+    store
+        .nodes(run)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.round_evaluated.is_some())
+        .map(|n| {
+            (
+                n.candidate.clone().unwrap_or_default(),
+                (n.status, n.speedup.map(|s| format!("{s:.6}"))),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn with_three_workers_the_rounds_hand_over_batches_of_three_and_measure_the_same() {
+    // Until no open action is left: the whole space is measured either way.
+    let b1 = Bench::new();
+    let cfg = b1.config(60, 60);
+    let (ev, log1) = Scripted::new(plain);
+    let (mut s, _) = b1.search(&cfg, ev);
+    let r1 = finished(s.run(stop(&cfg)).expect("run, one at a time"));
+    let run1 = s.run_id();
+    drop(s);
+    let b3 = Bench::new();
+    let (mut ev, log3) = Scripted::new(plain);
+    ev.parallel = 3;
+    let (mut s, _) = b3.search(&cfg, ev);
+    let r3 = finished(s.run(stop(&cfg)).expect("run, three at a time"));
+    let run3 = s.run_id();
+    drop(s);
+    assert_eq!(r1.stop_reason, "no open actions left");
+    assert_eq!(r3.stop_reason, "no open actions left");
+    // One at a time: no search batch above one candidate's builds (two shapes, two builds).
+    assert!(
+        log1.borrow().batches.iter().take(5).all(|n| *n <= 2),
+        "{:?}",
+        log1.borrow().batches
+    );
+    // Three at a time: the rounds hand over three candidates (two builds each) at once.
+    let batches = log3.borrow().batches.clone();
+    assert!(batches.iter().filter(|n| **n == 6).count() >= 2, "{batches:?}");
+    let (m1, m3) = (measured(&b1.db(), run1), measured(&b3.db(), run3));
+    assert_eq!(m1, m3, "the same candidates measured, with the same results");
+    assert_eq!(r1.speedup, r3.speedup);
+    assert_eq!(r1.rounds, r3.rounds);
+    let p = purposes(&b3.db(), run3);
+    assert_eq!(
+        p.iter().filter(|x| *x == "search").count() as u32,
+        r3.rounds - dups(&b3.db(), run3)
+    );
+}
+
+/// Nodes booked as duplicates (no evaluation of their own).
+fn dups(db: &Path, run: i64) -> u32 {
+    let store = Store::open(db).unwrap();
+    let ev = store.evaluations(run, None).unwrap();
+    store
+        .nodes(run)
+        .unwrap()
+        .iter()
+        .filter(|n| n.parent.is_some() && n.round_evaluated.is_some())
+        .filter(|n| !ev.iter().any(|e| e.purpose == "search" && e.node_id == Some(n.id)))
+        .count() as u32
 }

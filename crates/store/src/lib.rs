@@ -896,6 +896,36 @@ impl Store {
         self.phase = phase_token();
     }
 
+    /// Remove the final-phase rows (`FINAL_PURPOSES`) of run `run` that an earlier phase wrote:
+    /// a finish that starts again replaces all of them, also those of candidates it does not
+    /// re-time this time. Returns how many evaluations were removed.
+    pub fn drop_earlier_phases(&self, run: i64) -> Result<usize> {
+        let list = FINAL_PURPOSES.iter().map(|p| format!("'{p}'")).collect::<Vec<_>>().join(", ");
+        let stale =
+            format!("SELECT id FROM evaluations WHERE run_id = ?1 AND purpose IN ({list}) AND (phase IS NULL OR phase <> ?2)");
+        self.conn.execute_batch("SAVEPOINT drop_phases")?;
+        let r = (|| {
+            self.conn.execute(
+                &format!("DELETE FROM eval_workloads WHERE eval_id IN ({stale})"),
+                params![run, self.phase],
+            )?;
+            self.conn.execute(
+                &format!("DELETE FROM evaluations WHERE id IN ({stale})"),
+                params![run, self.phase],
+            )
+        })();
+        match r {
+            Ok(n) => {
+                self.conn.execute_batch("RELEASE drop_phases")?;
+                Ok(n)
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK TO drop_phases; RELEASE drop_phases");
+                Err(e.into())
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn insert_evaluation_row(
         &self,
