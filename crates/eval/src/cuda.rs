@@ -68,10 +68,29 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
 /// Run `f`, turning a panic (cudarc panics when a library or symbol is missing) into an error,
 /// without the default hook printing it.
 fn quiet_catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    let prev = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    // The panic hook is process-wide: threads inside `quiet_catch` at once share one silenced
+    // hook, and the first one in keeps the previous hook to put back when the last one leaves
+    // (swapping it per call would leave the silent hook installed when calls overlap).
+    type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static>;
+    static QUIET: std::sync::Mutex<(usize, Option<Hook>)> = std::sync::Mutex::new((0, None));
+    {
+        let mut q = QUIET.lock().unwrap_or_else(|e| e.into_inner());
+        if q.0 == 0 {
+            q.1 = Some(std::panic::take_hook());
+            std::panic::set_hook(Box::new(|_| {}));
+        }
+        q.0 += 1;
+    }
     let r = std::panic::catch_unwind(AssertUnwindSafe(f));
-    std::panic::set_hook(prev);
+    {
+        let mut q = QUIET.lock().unwrap_or_else(|e| e.into_inner());
+        q.0 -= 1;
+        if q.0 == 0
+            && let Some(prev) = q.1.take()
+        {
+            std::panic::set_hook(prev);
+        }
+    }
     r.map_err(panic_message)
 }
 
@@ -468,8 +487,9 @@ fn short_resources(r: &Resources) -> String {
 
 /// Compile-check the device references and every shipped CUDA kernel of `tasks` (seed and
 /// kernels of `[backends.cuda]`) for every admitted tunable configuration (or a sample of
-/// `max_configs`), for `arch`. Reports one line per compile through `report`; returns
-/// (compiles, failures).
+/// `max_configs`), for `arch`. The compiles run on every core (NVRTC compiles separate programs
+/// on separate threads); one line per compile goes to `report`, in the order of the kernels and
+/// configurations. Returns (compiles, failures).
 pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut dyn FnMut(&str)) -> (usize, usize) {
     let (mut n, mut failed) = (0usize, 0usize);
     n += 1;
@@ -480,6 +500,17 @@ pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut 
             report(&format!("FAIL  device references:\n{}", indent(&e)));
         }
     }
+    // What to compile, in order: (label, source, file, options, entry points), or a line that
+    // fails without compiling.
+    enum Job<'a> {
+        Compile {
+            label: String,
+            kernel: &'a ksearch_core::KernelSpec,
+            opts: Vec<String>,
+        },
+        Fail(String),
+    }
+    let mut jobs = Vec::new();
     for task in tasks {
         let Some(b) = task.backend(ksearch_core::Backend::Cuda) else {
             report(&format!("skip  {}: no [backends.cuda]", task.name));
@@ -489,41 +520,79 @@ pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut 
         for k in task.kernels(ksearch_core::Backend::Cuda) {
             let configs = admitted_configs(k, &workloads, max_configs);
             if configs.is_empty() {
-                n += 1;
-                failed += 1;
-                report(&format!(
+                jobs.push(Job::Fail(format!(
                     "FAIL  {}/{}: no tunable configuration is admitted by the constraints for any search workload",
                     task.name, k.name
-                ));
+                )));
                 continue;
             }
             for c in configs {
-                n += 1;
                 let defines = candidate_defines(task, &c);
-                let opts = nvrtc_options(&candidate_arch_for_check(arch, &k.source), &defines, &[]);
-                let label = format!("{}/{} [{}]", task.name, k.name, config_label(&c));
-                match nvrtc_compile(&k.source, &k.file, &opts) {
-                    Ok((_, log)) => {
-                        let entries = compiled_entries(&log);
-                        let missing: Vec<&String> =
-                            k.launches.iter().map(|l| &l.entry).filter(|e| !entries.contains(e)).collect();
-                        if !missing.is_empty() {
-                            failed += 1;
-                            report(&format!(
-                                "FAIL  {label}: entry point(s) {missing:?} not compiled (have {entries:?}; declare them extern \"C\" __global__)"
-                            ));
-                        } else {
-                            report(&format!("ok    {label} ({})", short_resources(&parse_ptxas(&log))));
-                        }
-                    }
-                    Err(e) => {
-                        failed += 1;
-                        report(&format!("FAIL  {label}:\n{}", indent(&first_lines(&e, 40))));
-                    }
-                }
+                jobs.push(Job::Compile {
+                    label: format!("{}/{} [{}]", task.name, k.name, config_label(&c)),
+                    kernel: k,
+                    opts: nvrtc_options(&candidate_arch_for_check(arch, &k.source), &defines, &[]),
+                });
             }
         }
     }
+    let check = |job: &Job| -> (bool, String) {
+        match job {
+            Job::Fail(line) => (false, line.clone()),
+            Job::Compile { label, kernel: k, opts } => match nvrtc_compile(&k.source, &k.file, opts) {
+                Ok((_, log)) => {
+                    let entries = compiled_entries(&log);
+                    let missing: Vec<&String> = k.launches.iter().map(|l| &l.entry).filter(|e| !entries.contains(e)).collect();
+                    if missing.is_empty() {
+                        (true, format!("ok    {label} ({})", short_resources(&parse_ptxas(&log))))
+                    } else {
+                        (
+                            false,
+                            format!(
+                                "FAIL  {label}: entry point(s) {missing:?} not compiled (have {entries:?}; declare them extern \"C\" __global__)"
+                            ),
+                        )
+                    }
+                }
+                Err(e) => (false, format!("FAIL  {label}:\n{}", indent(&first_lines(&e, 40)))),
+            },
+        }
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (jobs, next, check) = (&jobs, &next, &check);
+            s.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(job) = jobs.get(i) else { break };
+                    if tx.send((i, check(job))).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        // Lines in job order, each as soon as the ones before it are in.
+        let mut done: std::collections::BTreeMap<usize, (bool, String)> = Default::default();
+        let mut at = 0;
+        for (i, r) in rx {
+            done.insert(i, r);
+            while let Some((ok, line)) = done.remove(&at) {
+                n += 1;
+                if !ok {
+                    failed += 1;
+                }
+                report(&line);
+                at += 1;
+            }
+        }
+    });
     (n, failed)
 }
 
