@@ -512,3 +512,71 @@ fn a_run_killed_in_every_phase_resumes_to_the_same_counts() {
     assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", text(&o));
     check_whole(&store, 4);
 }
+
+/// `--time-budget 20s` covers the whole invocation, final phase included: the run ends within
+/// 1.5 times its budget plus 5 s (a contract on a busy machine, not a speed figure) and says
+/// that it stopped on its budget. (20 s, not less: with evaluations of about 2 s here, a
+/// shorter budget leaves no room for a round once the final phase's time is kept.)
+#[test]
+fn the_time_budget_covers_the_final_phase() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store.db");
+    let t = Instant::now();
+    let o = on_store(
+        d.path(),
+        &store,
+        &[
+            "run",
+            "softmax",
+            "--backend",
+            "cpu",
+            "--rounds",
+            "500",
+            "--patience",
+            "500",
+            "--max-reps",
+            "3",
+            "--time-budget",
+            "10s",
+        ],
+    )
+    .output()
+    .unwrap();
+    let wall = t.elapsed().as_secs_f64();
+    let txt = text(&o);
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{txt}");
+    assert!(txt.contains("stopped: time budget 20s reached"), "{txt}");
+    assert!(wall <= 1.5 * 20.0 + 5.0, "{wall:.1} s for a 20 s budget: {txt}");
+    let row = ksearch_store::Store::open_read_only(&store).unwrap().run(1).unwrap();
+    assert!(row.status.starts_with("done"), "{}", row.status);
+}
+
+/// Two CPU workers: the rounds go two at a time, the run completes and its counts are right.
+#[test]
+fn two_workers_complete_a_run_with_the_counts_right() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store.db");
+    let o = on_store(
+        d.path(),
+        &store,
+        &[
+            "run",
+            "softmax",
+            "--backend",
+            "cpu",
+            "--workers",
+            "2",
+            "--rounds",
+            "4",
+            "--patience",
+            "50",
+            "--max-reps",
+            "3",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", text(&o));
+    assert!(text(&o).contains("4 rounds"), "{}", text(&o));
+    check_whole(&store, 4);
+}
