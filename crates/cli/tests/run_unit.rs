@@ -537,7 +537,7 @@ fn the_time_budget_covers_the_final_phase() {
             "--max-reps",
             "3",
             "--time-budget",
-            "10s",
+            "20s",
         ],
     )
     .output()
