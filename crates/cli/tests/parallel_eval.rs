@@ -410,3 +410,30 @@ fn a_compiler_gone_mid_run_leaves_the_node_open_for_resume() {
     assert!(searched >= 1, "the resumed run evaluated candidates:\n{all}");
     assert!(st.run(1).unwrap().status.starts_with("done"), "{all}");
 }
+
+/// Times compared with each other go to one device: a pool of workers on two devices (CPU
+/// workers standing for them) answers a pinned batch with the first device's workers only,
+/// and an ordinary batch with all of them.
+#[test]
+fn a_pinned_batch_stays_on_one_device() {
+    let t = bad_task();
+    let reqs: Vec<EvalRequest> = (0..6).map(|i| request(&t, i + 1, "seed", &[("VARIANT", i as i64)])).collect();
+    let d = tempfile::tempdir().unwrap();
+    let workers = (0..4).map(|_| worker(d.path(), &[])).collect();
+    let mut p = Pool::with_devices(workers, vec![0, 1, 0, 1]);
+    let pinned = p.eval_many_on_one_device(&reqs);
+    assert!(
+        pinned.iter().all(|r| r.ok()),
+        "{:?}",
+        pinned.iter().map(verdict).collect::<Vec<_>>()
+    );
+    let started: Vec<u32> = p.workers.iter().map(|w| w.starts).collect();
+    assert!(started[1] == 0 && started[3] == 0, "a device-1 worker measured: {started:?}");
+    assert!(started[0] + started[2] >= 1, "{started:?}");
+    let all = p.eval_many(&[reqs.clone(), reqs.clone()].concat());
+    assert!(all.iter().all(|r| r.ok()));
+    assert!(
+        p.workers.iter().all(|w| w.starts >= 1),
+        "an ordinary batch spreads over both devices"
+    );
+}
