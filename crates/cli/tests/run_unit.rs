@@ -580,3 +580,20 @@ fn two_workers_complete_a_run_with_the_counts_right() {
     assert!(text(&o).contains("4 rounds"), "{}", text(&o));
     check_whole(&store, 4);
 }
+
+/// A second SIGINT exits at once (130), and still nothing is lost: `resume` finishes the run
+/// with every count right.
+#[test]
+fn a_second_sigint_exits_at_once_and_loses_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("store.db");
+    let mut run = spawn_run(d.path(), &store, 3);
+    wait_for(&mut run, &store, "three evaluations", |p| p.len() >= 3);
+    signal(&run, libc::SIGINT);
+    signal(&run, libc::SIGINT);
+    let o = run.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o));
+    let o = on_store(d.path(), &store, &["resume", "1"]).output().unwrap();
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", text(&o));
+    check_whole(&store, 3);
+}
