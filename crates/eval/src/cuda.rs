@@ -1504,6 +1504,12 @@ impl Device for CudaDevice<'_> {
         self.be.reference(task, w, inputs).map_err(judged)
     }
 
+    /// The judge's host work runs on other cores than the launches it could delay, and the
+    /// device is idle meanwhile: other workers may measure on it.
+    fn host_work_disturbs_timing(&self) -> bool {
+        false
+    }
+
     fn peaks(&self) -> Peaks {
         // The measured device-to-device copy over FLOOR_SLACK (a kernel may beat a plain copy
         // a little, e.g. by reading more than it writes); tensor-core and special-function

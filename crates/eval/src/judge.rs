@@ -73,6 +73,60 @@ pub trait Device {
     }
     /// The fastest this device can possibly go, for the floor rule.
     fn peaks(&self) -> Peaks;
+    /// Does the judge's host work (comparing inputs, preparing references, checking outputs)
+    /// disturb what this device measures? Then the device lock is held across it too; otherwise
+    /// it is released for that work, so other workers measure on the device meanwhile.
+    fn host_work_disturbs_timing(&self) -> bool {
+        true
+    }
+}
+
+/// The device lock as one workload uses it: taken for the device's phases (runs, read-backs,
+/// device references), let go for the judge's host work when that does not disturb timings.
+/// Every hold is accounted (`device_s`, `lock_wait_s`, `device_spans`).
+pub struct Phases<'a> {
+    lock: &'a mut crate::common::DeviceLock,
+    hold: Option<crate::common::Hold>,
+    keep: bool,
+    pub device_s: f64,
+    pub waited_s: f64,
+    pub spans: Vec<[f64; 2]>,
+}
+
+impl<'a> Phases<'a> {
+    pub fn new(lock: &'a mut crate::common::DeviceLock, keep: bool) -> Phases<'a> {
+        Phases {
+            lock,
+            hold: None,
+            keep,
+            device_s: 0.0,
+            waited_s: 0.0,
+            spans: Vec::new(),
+        }
+    }
+    /// Hold the lock (waiting for it if another worker measures).
+    pub fn device(&mut self) -> Result<(), Stop> {
+        if self.hold.is_none() {
+            let h = self.lock.acquire().map_err(|e| Stop::fatal(FailureClass::Infra, e))?;
+            self.waited_s += h.waited_s;
+            self.hold = Some(h);
+        }
+        Ok(())
+    }
+    /// Host work follows: let the lock go unless host work disturbs this device's timings.
+    pub fn host(&mut self) {
+        if !self.keep {
+            self.release();
+        }
+    }
+    /// Let the lock go.
+    pub fn release(&mut self) {
+        if let Some(h) = self.hold.take() {
+            let span = self.lock.release(h);
+            self.device_s += span[1] - span[0];
+            self.spans.push(span);
+        }
+    }
 }
 
 /// Upper bounds a device states for itself (per second). Each back-end derives them from what
@@ -144,6 +198,7 @@ struct Seen {
 #[allow(clippy::too_many_arguments)]
 fn judge_workload(
     dev: &mut dyn Device,
+    ph: &mut Phases,
     task: &Task,
     backend: ksearch_core::Backend,
     index: usize,
@@ -164,6 +219,7 @@ fn judge_workload(
     let in_bytes: Vec<usize> = pools.iter().map(|p| p.len * p.dtype.size()).collect();
     let out_bytes: Vec<usize> = outs.iter().map(|(_, n, dt)| n * dt.size()).collect();
     let pool_bytes: Vec<&[u8]> = pools.iter().map(|p| p.bytes.as_slice()).collect();
+    ph.device()?;
     dev.bind(index, &dims, &pool_bytes, &in_bytes, &out_bytes)?;
     res.bytes = task.min_bytes(backend, &w.axes).unwrap_or(0.0);
     res.flops = task.flops(&w.axes);
@@ -200,7 +256,7 @@ fn judge_workload(
         inputs,
         what: "",
     };
-    if let Some(f) = verify(dev, task, backend, w, &pools, &first, &mut res)? {
+    if let Some(f) = verify(dev, ph, task, backend, w, &pools, &first, &mut res)? {
         res.failure = Some(f);
         return Ok(res);
     }
@@ -209,6 +265,7 @@ fn judge_workload(
     }
 
     // 2. Warm-up and timed runs, each on fresh inputs and poison.
+    ph.device()?;
     for _ in 0..timing.warmup {
         prepare(dev, &mut rng, false)?;
         *kernel_s += dev.run()?;
@@ -245,7 +302,7 @@ fn judge_workload(
     // 3. The checked timed runs must be as right as the first one.
     for s in &seen {
         let mut probe = WorkloadResult::default();
-        if let Some(mut f) = verify(dev, task, backend, w, &pools, s, &mut probe)? {
+        if let Some(mut f) = verify(dev, ph, task, backend, w, &pools, s, &mut probe)? {
             f.message = format!("{}: {}", s.what, f.message);
             res.check = probe.check;
             res.failure = Some(f);
@@ -278,6 +335,7 @@ fn pools_extra_of(p: &Pool) -> usize {
 #[allow(clippy::too_many_arguments)]
 fn verify(
     dev: &mut dyn Device,
+    ph: &mut Phases,
     task: &Task,
     backend: ksearch_core::Backend,
     w: &WorkloadReq,
@@ -285,6 +343,9 @@ fn verify(
     s: &Seen,
     res: &mut WorkloadResult,
 ) -> Result<Option<Failure>, Stop> {
+    // The candidate is stopped and everything it touched is read back: the host work needs
+    // no device.
+    ph.host();
     for ((p, got), off) in pools.iter().zip(&s.inputs).zip(&s.offsets) {
         let sz = p.dtype.size();
         let want = &p.bytes[off * sz..(off + p.len) * sz];
@@ -322,7 +383,9 @@ fn verify(
             }
         })
         .collect();
+    ph.device()?;
     let refs = dev.reference(task, w, &inputs)?;
+    ph.host();
     let (check, failure) = check_outputs_poisoned(task, backend, &s.outputs, &refs, &s.poisons);
     res.check = check;
     Ok(failure)
@@ -365,18 +428,27 @@ pub fn judge_request(
         let mut waited = 0.0;
         let judged = match make_pools(&req.task, req.backend, w) {
             Err(e) => Err(Stop::fail(FailureClass::Infra, e)),
-            Ok(pools) => match lock.acquire() {
-                Err(e) => Err(Stop::fatal(FailureClass::Infra, e)),
-                Ok(hold) => {
-                    let r = judge_workload(dev, &req.task, req.backend, i, w, &req.timing, req.check_only, pools, &mut k);
-                    let span = lock.release(hold);
-                    waited = hold.waited_s;
-                    reply.device_s += span[1] - span[0];
-                    reply.lock_wait_s += hold.waited_s;
-                    reply.device_spans.push(span);
-                    r
-                }
-            },
+            Ok(pools) => {
+                let mut ph = Phases::new(lock, dev.host_work_disturbs_timing());
+                let r = judge_workload(
+                    dev,
+                    &mut ph,
+                    &req.task,
+                    req.backend,
+                    i,
+                    w,
+                    &req.timing,
+                    req.check_only,
+                    pools,
+                    &mut k,
+                );
+                ph.release();
+                waited = ph.waited_s;
+                reply.device_s += ph.device_s;
+                reply.lock_wait_s += ph.waited_s;
+                reply.device_spans.extend(ph.spans);
+                r
+            }
         };
         // The worker's own time outside the candidate's runs and the wait for the lock.
         let overhead = (t.elapsed().as_secs_f64() - k - waited).max(0.0);
@@ -404,4 +476,172 @@ pub fn judge_request(
         progress(&format!("workload {}/{n}", i + 1));
     }
     reply.kernel_s = kernel_s;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::DeviceLock;
+    use std::os::fd::AsRawFd;
+
+    /// A device whose "kernel" writes the reference softmax, and which records whether the
+    /// device lock was held at each of its calls (probed with a second, non-blocking flock).
+    struct Probe {
+        task: Task,
+        lock_file: std::path::PathBuf,
+        pools: Vec<Vec<u8>>,
+        dims: Vec<i64>,
+        inputs: Vec<Vec<u8>>,
+        outputs: Vec<Vec<u8>>,
+        /// (call, lock held by someone)
+        calls: Vec<(&'static str, bool)>,
+    }
+
+    impl Probe {
+        fn held(&self) -> bool {
+            let f = std::fs::File::open(&self.lock_file).unwrap();
+            // SAFETY: flock on a descriptor this function owns.
+            let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            r != 0
+        }
+        fn note(&mut self, call: &'static str) {
+            let h = self.held();
+            self.calls.push((call, h));
+        }
+    }
+
+    impl Device for Probe {
+        fn bind(&mut self, _i: usize, dims: &[i64], pools: &[&[u8]], inputs: &[usize], outputs: &[usize]) -> Result<(), Stop> {
+            self.note("bind");
+            self.pools = pools.iter().map(|p| p.to_vec()).collect();
+            self.dims = dims.to_vec();
+            self.inputs = inputs.iter().map(|n| vec![0; *n]).collect();
+            self.outputs = outputs.iter().map(|n| vec![0; *n]).collect();
+            Ok(())
+        }
+        fn stage(&mut self, offsets: &[usize]) -> Result<(), Stop> {
+            for ((i, p), o) in self.inputs.iter_mut().zip(&self.pools).zip(offsets) {
+                let n = i.len();
+                i.copy_from_slice(&p[*o..o + n]);
+            }
+            Ok(())
+        }
+        fn poison(&mut self, patterns: &[Vec<u8>]) -> Result<(), Stop> {
+            for (o, p) in self.outputs.iter_mut().zip(patterns) {
+                for c in o.chunks_exact_mut(p.len()) {
+                    c.copy_from_slice(p);
+                }
+            }
+            Ok(())
+        }
+        fn run(&mut self) -> Result<f64, Stop> {
+            self.note("run");
+            let (rows, cols) = (self.dims[0] as usize, self.dims[1] as usize);
+            let x: Vec<f32> = self.inputs[0]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let mut y = Vec::with_capacity(rows * cols * 4);
+            for r in x.chunks_exact(cols) {
+                let m = r.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+                let s: f64 = r.iter().map(|v| ((v - m) as f64).exp()).sum();
+                y.extend(r.iter().flat_map(|v| ((((v - m) as f64).exp() / s) as f32).to_le_bytes()));
+            }
+            self.outputs[0] = y;
+            Ok(1e-3)
+        }
+        fn read_back(&mut self) -> Result<ReadBack, Stop> {
+            self.note("read_back");
+            Ok((self.outputs.clone(), self.inputs.clone()))
+        }
+        fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, Stop> {
+            self.note("reference");
+            host_reference(task, w, inputs).map_err(|e| Stop::fail(FailureClass::Infra, e))
+        }
+        fn peaks(&self) -> Peaks {
+            Peaks {
+                bytes: f64::INFINITY,
+                flops: f64::INFINITY,
+                transcendentals: f64::INFINITY,
+            }
+        }
+        fn host_work_disturbs_timing(&self) -> bool {
+            self.task.name == "keep"
+        }
+    }
+
+    fn judge(keep: bool) -> (WorkloadResult, Phases<'static>, Vec<(&'static str, bool)>) {
+        let dir = std::env::temp_dir().join(format!("ksearch-phases-{}-{keep}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/softmax/task.toml");
+        let mut task = Task::load(&root).unwrap();
+        let lock = Box::leak(Box::new(DeviceLock::cpu(&dir)));
+        let mut ph = Phases::new(lock, keep);
+        // Create the lock file before the probe opens it.
+        ph.device().unwrap();
+        ph.release();
+        ph.spans.clear();
+        ph.device_s = 0.0;
+        let lock_file = ph.lock.path().to_path_buf();
+        let w = WorkloadReq {
+            label: "rows=4,cols=64".into(),
+            axes: [("rows".to_string(), 4), ("cols".to_string(), 64)].into_iter().collect(),
+            seed: 7,
+        };
+        let pools = make_pools(&task, ksearch_core::Backend::Cpu, &w).unwrap();
+        let timing = TimingReq {
+            warmup: 1,
+            min_reps: 3,
+            max_reps: 3,
+            target_ms: 0.0,
+            flush: false,
+        };
+        let real = task.clone();
+        task.name = if keep { "keep".into() } else { "free".into() };
+        let mut dev = Probe {
+            task: task.clone(),
+            lock_file,
+            pools: vec![],
+            dims: vec![],
+            inputs: vec![],
+            outputs: vec![],
+            calls: vec![],
+        };
+        let mut k = 0.0;
+        let r = judge_workload(
+            &mut dev,
+            &mut ph,
+            &real,
+            ksearch_core::Backend::Cpu,
+            0,
+            &w,
+            &timing,
+            false,
+            pools,
+            &mut k,
+        )
+        .unwrap();
+        ph.release();
+        (r, ph, dev.calls)
+    }
+
+    #[test]
+    fn the_device_is_held_for_its_phases_and_let_go_for_host_work_where_that_cannot_disturb_it() {
+        let (r, ph, calls) = judge(false);
+        assert!(r.failure.is_none(), "{:?}", r.failure);
+        assert!(r.timing.is_some());
+        // Every device call runs under the lock, the references included.
+        assert!(calls.iter().all(|(_, held)| *held), "{calls:?}");
+        // First run | its reference | timed runs | two references: five holds, host work between.
+        assert_eq!(ph.spans.len(), 5, "{:?}", ph.spans);
+        assert_eq!(calls.iter().filter(|(c, _)| *c == "reference").count(), 3);
+    }
+
+    #[test]
+    fn a_device_whose_timings_host_work_disturbs_keeps_the_lock_throughout() {
+        let (r, ph, calls) = judge(true);
+        assert!(r.failure.is_none(), "{:?}", r.failure);
+        assert!(calls.iter().all(|(_, held)| *held), "{calls:?}");
+        assert_eq!(ph.spans.len(), 1, "{:?}", ph.spans);
+    }
 }
