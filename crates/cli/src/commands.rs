@@ -444,7 +444,7 @@ fn new_search_with(
     };
     let kb = load_kb(cfg.kb_dir.as_deref());
     let profile = kb.as_ref().map(|k| {
-        let (p, warn) = k.detect(cfg.backend.name(), &device);
+        let (p, warn) = k.detect(cfg.backend, &device);
         if let Some(w) = warn
             && !quiet
         {

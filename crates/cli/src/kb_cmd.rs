@@ -18,8 +18,8 @@ pub enum KbCmd {
     Map {
         /// A CUDA or Metal spelling, e.g. __shfl_xor_sync, __syncthreads, simd_sum.
         primitive: String,
-        /// The dialect to translate to.
-        #[arg(long, default_value = "metal", value_parser = ["metal", "cuda"])]
+        /// The dialect to translate to: metal or cuda.
+        #[arg(long, default_value = "metal")]
         to: String,
     },
     /// List the optimisation patterns with their priors.
@@ -154,7 +154,10 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         KbCmd::Map { primitive, to } => {
-            let d: Dialect = to.parse().map_err(anyhow::Error::msg)?;
+            let d = match ksearch_kb::map_dialect(&to) {
+                Ok(d) => d,
+                Err(e) => return usage(e),
+            };
             let hits = kb.map(&primitive, d);
             if hits.is_empty() {
                 return usage(format!(
@@ -162,9 +165,19 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
                 ));
             }
             for p in hits {
-                let (from, target) = match d {
-                    Dialect::Metal => (p.cuda.join(", "), p.metal.clone()),
-                    Dialect::Cuda => (p.metal.clone(), p.cuda[0].clone()),
+                // (from, to, the examples in that order); nothing maps to C++ (no hits).
+                let (from, target, examples) = match d {
+                    Dialect::Metal => (
+                        p.cuda.join(", "),
+                        p.metal.clone(),
+                        format!("  CUDA:  {}\n  Metal: {}", p.cuda_example, p.metal_example.trim()),
+                    ),
+                    Dialect::Cuda => (
+                        p.metal.clone(),
+                        p.cuda[0].clone(),
+                        format!("  Metal: {}\n  CUDA:  {}", p.metal_example.trim(), p.cuda_example),
+                    ),
+                    Dialect::Cpp => continue,
                 };
                 println!("{from} -> {target}");
                 println!("  types: {}", p.types);
@@ -175,10 +188,7 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
                 if let Some(m) = &p.mlx {
                     println!("  MLX: {m}");
                 }
-                match d {
-                    Dialect::Metal => println!("  CUDA:  {}\n  Metal: {}", p.cuda_example, p.metal_example.trim()),
-                    Dialect::Cuda => println!("  Metal: {}\n  CUDA:  {}", p.metal_example.trim(), p.cuda_example),
-                }
+                println!("{examples}");
             }
             Ok(0)
         }
@@ -235,9 +245,9 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
                 },
             };
             let default_target = match lang.dialect() {
-                Some(Dialect::Metal) => "generic-apple",
-                Some(Dialect::Cuda) => "generic-cuda",
-                None => "cpu",
+                Dialect::Metal => "generic-apple",
+                Dialect::Cuda => "generic-cuda",
+                Dialect::Cpp => "cpu",
             };
             let tname = target.unwrap_or_else(|| default_target.to_string());
             let Some(profile) = kb.profile(&tname) else {
@@ -272,7 +282,11 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
                 };
                 println!("{}: {sev}: {x}", file.display());
             }
-            if syntax && lang.dialect() == Some(Dialect::Metal) {
+            let metal = match lang.dialect() {
+                Dialect::Metal => true,
+                Dialect::Cuda | Dialect::Cpp => false,
+            };
+            if syntax && metal {
                 let sig = if lang.is_body() {
                     match body_sig(&file, &src, &input, &output) {
                         Ok(s) => Some(s),

@@ -299,8 +299,8 @@ fn collect(store: &Store, row: &RunRow, kb: Option<&ksearch_kb::Kb>, report: Opt
         }));
     }
 
-    let roofs = kb.map(|kb| {
-        let (p, _) = kb.detect(&row.backend, &row.device);
+    let roofs = kb.zip(row.backend.parse::<ksearch_core::Backend>().ok()).map(|(kb, backend)| {
+        let (p, _) = kb.detect(backend, &row.device);
         json!({
             "profile": p.name,
             "display_name": p.display_name,

@@ -137,3 +137,54 @@ fn check_cuda_dialect_and_usage_errors() {
     assert_eq!(code, 2);
     assert!(stderr.contains("unknown profile"), "{stderr}");
 }
+
+/// A copy of the knowledge base to break.
+fn kb_copy(to: &Path) {
+    for sub in ["", "profiles", "patterns", "templates"] {
+        std::fs::create_dir_all(to.join(sub)).unwrap();
+        for e in std::fs::read_dir(kb_dir().join(sub)).unwrap().filter_map(|e| e.ok()) {
+            if e.path().is_file() {
+                std::fs::copy(e.path(), to.join(sub).join(e.file_name())).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn an_unknown_back_end_in_a_profile_is_a_one_line_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = dir.path().join("kb");
+    kb_copy(&k);
+    let (code, _, _) = out(ksearch().env("KSEARCH_KB", &k).args(["kb", "profiles"]));
+    assert_eq!(code, 0, "the copy loads");
+    let f = k.join("profiles/h200.toml");
+    let text = std::fs::read_to_string(&f).unwrap();
+    let broken = text.replacen(r#"backends = ["cuda", "mlx-cuda"]"#, r#"backends = ["cuda", "rocm"]"#, 1);
+    assert_ne!(broken, text);
+    std::fs::write(&f, broken).unwrap();
+    let (code, stdout, stderr) = out(ksearch().env("KSEARCH_KB", &k).args(["kb", "profiles"]));
+    assert_eq!(code, 2, "{stdout}");
+    assert!(
+        stderr.contains("h200.toml:") && stderr.contains("`rocm`") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_unknown_dialect_or_language_flag_is_a_one_line_usage_error() {
+    let (code, _, stderr) = out(ksearch().args(["kb", "map", "__syncthreads", "--to", "rocm"]));
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("unknown dialect `rocm`") && stderr.contains("metal or cuda") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("k.cu");
+    std::fs::write(&f, "__global__ void k(float* y) { y[0] = 1.0f; }\n").unwrap();
+    let (code, _, stderr) = out(ksearch().args(["kb", "check", "--lang", "hip"]).arg(&f));
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("unknown language `hip`") && stderr.contains("mlx-cuda") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+}

@@ -6,9 +6,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ksearch_core::Lang;
+use ksearch_core::backend::Dialect;
+use ksearch_core::{Backend, Lang};
 
-use crate::{Dialect, Kb, Profile, Rule};
+use crate::{Kb, Profile, Rule};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -54,6 +55,15 @@ pub enum SourceLang {
 }
 
 impl SourceLang {
+    pub const ALL: [SourceLang; 5] = [
+        SourceLang::Cpp,
+        SourceLang::Cuda,
+        SourceLang::Metal,
+        SourceLang::MlxMetal,
+        SourceLang::MlxCuda,
+    ];
+
+    /// The spelling of `kb/rules.toml` and of `ksearch kb check --lang`.
     pub fn name(self) -> &'static str {
         match self {
             SourceLang::Cpp => "cpp",
@@ -63,15 +73,49 @@ impl SourceLang {
             SourceLang::MlxCuda => "mlx-cuda",
         }
     }
-    pub fn dialect(self) -> Option<Dialect> {
+
+    pub fn dialect(self) -> Dialect {
         match self {
-            SourceLang::Cpp => None,
-            SourceLang::Cuda | SourceLang::MlxCuda => Some(Dialect::Cuda),
-            SourceLang::Metal | SourceLang::MlxMetal => Some(Dialect::Metal),
+            SourceLang::Cpp => Dialect::Cpp,
+            SourceLang::Cuda | SourceLang::MlxCuda => Dialect::Cuda,
+            SourceLang::Metal | SourceLang::MlxMetal => Dialect::Metal,
         }
     }
+
     pub fn is_body(self) -> bool {
-        matches!(self, SourceLang::MlxMetal | SourceLang::MlxCuda)
+        match self {
+            SourceLang::Cpp | SourceLang::Cuda | SourceLang::Metal => false,
+            SourceLang::MlxMetal | SourceLang::MlxCuda => true,
+        }
+    }
+
+    fn unknown(s: &str) -> String {
+        let names: Vec<&str> = SourceLang::ALL.iter().map(|l| l.name()).collect();
+        format!("unknown language `{s}` (known: {})", names.join(", "))
+    }
+}
+
+/// A candidate's source on a back-end.
+impl From<Backend> for SourceLang {
+    fn from(b: Backend) -> SourceLang {
+        b.lang().into()
+    }
+}
+
+/// In data files only the exact spellings of [`SourceLang::name`].
+impl Serialize for SourceLang {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for SourceLang {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<SourceLang, D::Error> {
+        let s = String::deserialize(d)?;
+        SourceLang::ALL
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| serde::de::Error::custom(SourceLang::unknown(&s)))
     }
 }
 
@@ -95,11 +139,7 @@ impl std::str::FromStr for SourceLang {
             "metal" => SourceLang::Metal,
             "mlx-metal" | "mlx_metal" => SourceLang::MlxMetal,
             "mlx-cuda" | "mlx_cuda" => SourceLang::MlxCuda,
-            _ => {
-                return Err(format!(
-                    "unknown language `{s}` (expected cpp, cuda, metal, mlx-metal or mlx-cuda)"
-                ));
-            }
+            _ => return Err(SourceLang::unknown(s)),
         })
     }
 }
@@ -164,7 +204,7 @@ pub fn check(kb: &Kb, src: &str, lang: SourceLang, profile: &Profile, opts: &Che
     let clean = strip_comments_and_strings(src);
     let env = constants(&clean, &opts.defines);
     let mut out = Vec::new();
-    for rule in kb.rules.iter().filter(|r| r.applies(lang.name(), &profile.vendor)) {
+    for rule in kb.rules.iter().filter(|r| r.applies(lang, &profile.vendor)) {
         run_rule(kb, rule, &clean, lang, profile, opts, &env, &mut out);
     }
     out
@@ -284,14 +324,11 @@ fn run_rule(
             let to = lang.dialect();
             for tok in &rule.tokens {
                 if let Some((line, found)) = find_token(clean, tok) {
-                    let suggestion = to
-                        .and_then(|d| kb.map(&found, d).first().map(|p| (d, *p)))
-                        .map(|(d, p)| {
-                            let s = if d == Dialect::Metal {
-                                p.metal.clone()
-                            } else {
-                                p.cuda[0].clone()
-                            };
+                    let suggestion = kb
+                        .map(&found, to)
+                        .first()
+                        .and_then(|p| p.spelling(to).map(|s| (*p, s)))
+                        .map(|(p, s)| {
                             if s == "none" {
                                 format!(" (no direct equivalent: {})", p.note)
                             } else {
@@ -505,7 +542,10 @@ fn eval(expr: &str, env: &BTreeMap<String, i64>) -> Option<i64> {
 }
 
 fn type_size(t: &str, lang: SourceLang) -> Option<u64> {
-    let metal = lang.dialect() == Some(Dialect::Metal);
+    let metal = match lang.dialect() {
+        Dialect::Metal => true,
+        Dialect::Cuda | Dialect::Cpp => false,
+    };
     Some(match t {
         "float" | "int" | "uint" | "unsigned" | "unsigned int" | "int32_t" | "uint32_t" | "atomic_int" | "atomic_uint"
         | "atomic_float" => 4,
@@ -614,10 +654,9 @@ fn shared_decls(clean: &str, keyword: &str, lang: SourceLang, env: &BTreeMap<Str
 pub fn threadgroup_bytes(src: &str, lang: SourceLang, defines: &BTreeMap<String, i64>) -> u64 {
     let clean = strip_comments_and_strings(src);
     let env = constants(&clean, defines);
-    let kw = if lang.dialect() == Some(Dialect::Metal) {
-        "threadgroup"
-    } else {
-        "__shared__"
+    let kw = match lang.dialect() {
+        Dialect::Metal => "threadgroup",
+        Dialect::Cuda | Dialect::Cpp => "__shared__",
     };
     shared_decls(&clean, kw, lang, &env).iter().map(|d| d.0).sum()
 }

@@ -6,6 +6,7 @@ use minijinja::{Environment, Value, context};
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+use ksearch_core::backend::Dialect;
 use ksearch_core::{Lang, Task};
 
 use crate::{Kb, Profile, SourceLang};
@@ -77,7 +78,10 @@ pub fn render_context(kb: &Kb, level: ContextLevel, lang: Lang, profile: &Profil
         return String::new();
     }
     let sl = SourceLang::from(lang);
-    let metal = matches!(lang, Lang::MlxMetal) || profile.vendor == "apple";
+    let metal = match sl.dialect() {
+        Dialect::Metal => true,
+        Dialect::Cuda | Dialect::Cpp => false,
+    } || profile.vendor == "apple";
     let apple = profile.vendor == "apple";
     let ridge = profile
         .peak("f32")
@@ -86,7 +90,7 @@ pub fn render_context(kb: &Kb, level: ContextLevel, lang: Lang, profile: &Profil
     let rules: Vec<Value> = kb
         .rules
         .iter()
-        .filter(|r| r.applies(sl.name(), &profile.vendor))
+        .filter(|r| r.applies(sl, &profile.vendor))
         .map(|r| {
             context! { id => r.id.clone(), severity => if r.severity == crate::Severity::Error { "error" } else { "warning" }, summary => r.summary.clone() }
         })

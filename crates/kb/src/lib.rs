@@ -20,9 +20,11 @@ mod rules;
 
 pub use check::{CheckOptions, Severity, SourceLang, Violation, check, check_launch, check_source, rejected, threadgroup_bytes};
 pub use context::{ContextLevel, render_context};
+pub use ksearch_core::Backend;
+pub use ksearch_core::backend::{Dialect, Vendor};
 pub use metal::{BodySig, find_cxx, metal_syntax_check, wrap_body};
 pub use patterns::Pattern;
-pub use primitives::{Dialect, Primitive};
+pub use primitives::{Primitive, map_dialect};
 pub use profile::Profile;
 pub use roofline::floor_us;
 pub use rules::{Rule, RuleExample};
@@ -199,31 +201,26 @@ impl Kb {
             .expect("validated: fallback profiles exist")
     }
 
-    /// The profile for a device: `backend` is `cpu`, `cuda`, `mlx`, `mlx-cuda`, `mlx-metal` or
-    /// `metal`; `device_name` is what the driver reports ("NVIDIA H100 80GB HBM3", "Apple M3 Max")
-    /// or a profile name. Unknown devices get a generic profile and a warning.
-    pub fn detect(&self, backend: &str, device_name: &str) -> (&Profile, Option<String>) {
+    /// The profile for a device on `backend`: `device_name` is what the driver reports
+    /// ("NVIDIA H100 80GB HBM3", "Apple M3 Max") or a profile name. Unknown devices get a
+    /// generic profile and a warning.
+    pub fn detect(&self, backend: Backend, device_name: &str) -> (&Profile, Option<String>) {
         if let Some(p) = self.profile(device_name.trim()) {
             return (p, None);
         }
         let norm = profile::normalise(device_name);
-        let apple_backend = matches!(backend, "mlx-metal" | "metal");
-        let nvidia_backend = matches!(backend, "cuda" | "mlx-cuda");
-        let vendor = if norm.contains(" apple ") || (apple_backend && !norm.contains(" nvidia ")) {
+        // A name that says its vendor wins; otherwise the back-end's vendor decides.
+        let vendor = if norm.contains(" apple ") {
             "apple"
-        } else if norm.contains(" nvidia ") || nvidia_backend || norm.contains(" tesla ") || norm.contains(" geforce ") {
+        } else if norm.contains(" nvidia ") {
             "nvidia"
-        } else if backend == "cpu" || backend == "cpp" {
-            return (self.fallback("cpu"), None);
         } else {
-            let p = self.fallback("cpu");
-            return (
-                p,
-                Some(format!(
-                    "unknown device `{device_name}` on back-end `{backend}`: using the `{}` profile",
-                    p.name
-                )),
-            );
+            match backend.vendor() {
+                Vendor::Apple => "apple",
+                Vendor::Nvidia => "nvidia",
+                Vendor::Host if norm.contains(" tesla ") || norm.contains(" geforce ") => "nvidia",
+                Vendor::Host => return (self.fallback("cpu"), None),
+            }
         };
         let mut best: Option<(&Profile, usize)> = None;
         for p in self.profiles.iter().filter(|p| p.vendor == vendor) {

@@ -3,25 +3,9 @@
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+use ksearch_core::backend::Dialect;
+
 use crate::{KbError, line_of, parse_toml, read};
-
-/// A kernel dialect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    Cuda,
-    Metal,
-}
-
-impl std::str::FromStr for Dialect {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Dialect, String> {
-        match s {
-            "cuda" => Ok(Dialect::Cuda),
-            "metal" | "mlx-metal" => Ok(Dialect::Metal),
-            _ => Err(format!("unknown dialect `{s}` (expected metal or cuda)")),
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -55,9 +39,28 @@ impl Primitive {
         self.types.contains("float") || self.types.contains("half")
     }
 
+    /// The spelling in `d` (the canonical one for CUDA; `none` where Metal has no equivalent);
+    /// C++ has none.
+    pub fn spelling(&self, d: Dialect) -> Option<&str> {
+        match d {
+            Dialect::Cuda => Some(&self.cuda[0]),
+            Dialect::Metal => Some(&self.metal),
+            Dialect::Cpp => None,
+        }
+    }
+
     /// The type domain of one CUDA spelling (its own where narrower, else the mapping's).
     pub fn cuda_domain(&self, spelling: &str) -> &str {
         self.cuda_types.get(spelling).map(String::as_str).unwrap_or(&self.types)
+    }
+}
+
+/// The dialect of `ksearch kb map --to`: `metal` or `cuda` (the two sides of the map).
+pub fn map_dialect(s: &str) -> Result<Dialect, String> {
+    match s {
+        "metal" => Ok(Dialect::Metal),
+        "cuda" => Ok(Dialect::Cuda),
+        _ => Err(format!("unknown dialect `{s}` (use metal or cuda)")),
     }
 }
 
@@ -148,13 +151,20 @@ fn clean_query(q: &str) -> String {
     q.to_string()
 }
 
+/// Primitives whose spelling in the dialect other than `to` matches `query`. C++ has no
+/// spellings in the map: nothing translates to it.
 pub(crate) fn lookup<'a>(all: &'a [Primitive], query: &str, to: Dialect) -> Vec<&'a Primitive> {
+    match to {
+        Dialect::Cuda | Dialect::Metal => {}
+        Dialect::Cpp => return Vec::new(),
+    }
     let q = clean_query(query);
     let qh = head(&q).to_string();
     let from = |p: &'a Primitive| -> Vec<&'a str> {
         match to {
             Dialect::Metal => p.cuda.iter().map(String::as_str).collect(),
             Dialect::Cuda => vec![p.metal.as_str()],
+            Dialect::Cpp => Vec::new(),
         }
     };
     let tiers: [&dyn Fn(&str) -> bool; 3] = [

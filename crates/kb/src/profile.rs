@@ -4,6 +4,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use ksearch_core::Backend;
+
 use crate::{KbError, line_of, parse_toml, read};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -17,9 +19,10 @@ pub struct Profile {
     pub arch: String,
     #[serde(default)]
     pub compute_capability: Option<String>,
-    /// Back-ends this profile serves.
+    /// Back-ends this profile serves (their spellings in the file; an unknown one is an error
+    /// naming the file and line).
     #[serde(default)]
-    pub backends: Vec<String>,
+    pub backends: Vec<Backend>,
     /// Device-name fragments that select this profile (matched on whole words, longest wins).
     #[serde(default, rename = "match")]
     pub matches: Vec<String>,

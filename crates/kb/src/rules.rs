@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-use crate::check::Severity;
+use crate::check::{Severity, SourceLang};
 use crate::{KbError, line_of, parse_toml, read};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -12,8 +12,9 @@ pub struct Rule {
     pub id: String,
     pub kind: String,
     pub severity: Severity,
+    /// The languages it applies to (empty: all).
     #[serde(default)]
-    pub langs: Vec<String>,
+    pub langs: Vec<SourceLang>,
     #[serde(default)]
     pub vendors: Vec<String>,
     pub summary: String,
@@ -27,7 +28,7 @@ pub struct Rule {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleExample {
-    pub lang: String,
+    pub lang: SourceLang,
     pub profile: String,
     #[serde(default)]
     pub forbid: Vec<String>,
@@ -49,8 +50,6 @@ pub(crate) const KINDS: &[&str] = &[
     "mlx-bounds-check",
 ];
 
-const LANGS: &[&str] = &["cpp", "cuda", "metal", "mlx-metal", "mlx-cuda"];
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
@@ -58,8 +57,8 @@ struct File {
 }
 
 impl Rule {
-    pub fn applies(&self, lang: &str, vendor: &str) -> bool {
-        (self.langs.is_empty() || self.langs.iter().any(|l| l == lang))
+    pub fn applies(&self, lang: SourceLang, vendor: &str) -> bool {
+        (self.langs.is_empty() || self.langs.contains(&lang))
             && (self.vendors.is_empty() || self.vendors.iter().any(|v| v == vendor))
     }
 }
@@ -83,18 +82,6 @@ pub(crate) fn load(path: &Path) -> Result<Vec<Rule>, KbError> {
                 r.id,
                 r.kind,
                 KINDS.join(", ")
-            )));
-        }
-        if let Some(l) = r
-            .langs
-            .iter()
-            .chain(std::iter::once(&r.example.lang))
-            .find(|l| !LANGS.contains(&l.as_str()))
-        {
-            return Err(inv(format!(
-                "rule `{}`: unknown language `{l}` (known: {})",
-                r.id,
-                LANGS.join(", ")
             )));
         }
         if r.kind == "tokens" && (r.tokens.is_empty() || r.message.is_empty()) {

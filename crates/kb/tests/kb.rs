@@ -115,25 +115,29 @@ fn key_figures() {
 #[test]
 fn detection() {
     let kb = kb();
-    let d = |b: &str, n: &str| {
+    let d = |b: Backend, n: &str| {
         let (p, w) = kb.detect(b, n);
         (p.name.clone(), w)
     };
-    assert_eq!(d("cuda", "NVIDIA H200"), ("h200".into(), None));
-    assert_eq!(d("cuda", "NVIDIA H100 80GB HBM3"), ("h100".into(), None));
-    assert_eq!(d("cuda", "NVIDIA A100-SXM4-80GB"), ("a100".into(), None));
-    assert_eq!(d("cuda", "NVIDIA L4"), ("l4".into(), None));
-    assert_eq!(d("mlx-metal", "Apple M3 Max"), ("m3-max".into(), None));
-    assert_eq!(d("mlx", "Apple M1 Max"), ("m1-max".into(), None));
-    assert_eq!(d("mlx", "Apple M1"), ("m1".into(), None));
-    assert_eq!(d("mlx-metal", "Apple M2 Pro"), ("m2-pro".into(), None));
-    assert_eq!(d("mlx-metal", "m4-max"), ("m4-max".into(), None));
-    assert_eq!(d("cpu", "AMD EPYC 9654"), ("cpu".into(), None));
+    assert_eq!(d(Backend::Cuda, "NVIDIA H200"), ("h200".into(), None));
+    assert_eq!(d(Backend::Cuda, "NVIDIA H100 80GB HBM3"), ("h100".into(), None));
+    assert_eq!(d(Backend::Cuda, "NVIDIA A100-SXM4-80GB"), ("a100".into(), None));
+    assert_eq!(d(Backend::Cuda, "NVIDIA L4"), ("l4".into(), None));
+    assert_eq!(d(Backend::MlxMetal, "Apple M3 Max"), ("m3-max".into(), None));
+    assert_eq!(d(Backend::MlxMetal, "Apple M1 Max"), ("m1-max".into(), None));
+    assert_eq!(d(Backend::MlxMetal, "Apple M1"), ("m1".into(), None));
+    assert_eq!(d(Backend::MlxMetal, "Apple M2 Pro"), ("m2-pro".into(), None));
+    assert_eq!(d(Backend::MlxMetal, "m4-max"), ("m4-max".into(), None));
+    assert_eq!(d(Backend::Cpu, "AMD EPYC 9654"), ("cpu".into(), None));
+    // A name that says its vendor wins over the back-end's.
+    assert_eq!(d(Backend::Cpu, "NVIDIA H100 80GB HBM3"), ("h100".into(), None));
+    assert_eq!(d(Backend::MlxCuda, "NVIDIA H200"), ("h200".into(), None));
+    assert_eq!(d(Backend::Cuda, "Apple M3 Max"), ("m3-max".into(), None));
     // L40S must not match the L4 profile
-    let (p, w) = kb.detect("cuda", "NVIDIA L40S");
+    let (p, w) = kb.detect(Backend::Cuda, "NVIDIA L40S");
     assert_eq!(p.name, "generic-cuda");
     assert!(w.unwrap().contains("NVIDIA L40S"));
-    let (p, w) = kb.detect("mlx-metal", "Apple M9 Hyper");
+    let (p, w) = kb.detect(Backend::MlxMetal, "Apple M9 Hyper");
     assert_eq!(p.name, "generic-apple");
     assert!(w.is_some());
 }
@@ -265,7 +269,7 @@ fn every_rule_fires_on_its_bad_example_and_not_on_its_good_one() {
     let kb = kb();
     for r in &kb.rules {
         let ex = &r.example;
-        let lang: SourceLang = ex.lang.parse().unwrap();
+        let lang = ex.lang;
         let profile = kb.profile(&ex.profile).unwrap();
         let mut opts = CheckOptions {
             forbid: ex.forbid.clone(),
@@ -812,4 +816,62 @@ fn load_errors_carry_file_and_line() {
     std::fs::write(k.join("rules.toml"), "[[rule]]\nid = 3\n").unwrap();
     let e = Kb::load(&k).unwrap_err().to_string();
     assert!(e.contains("rules.toml:2:"), "{e}");
+    // A back-end or language name the code does not know is one line naming the file and line.
+    std::fs::write(k.join("rules.toml"), &rules).unwrap();
+    Kb::load(&k).unwrap();
+    std::fs::write(
+        k.join("rules.toml"),
+        rules.replacen("langs = [\"metal\", \"mlx-metal\"]", "langs = [\"metal\", \"hip\"]", 1),
+    )
+    .unwrap();
+    let e = Kb::load(&k).unwrap_err().to_string();
+    assert!(
+        e.contains("rules.toml:") && e.contains("unknown language `hip`") && e.contains("mlx-cuda") && !e.contains('\n'),
+        "{e}"
+    );
+    std::fs::write(k.join("rules.toml"), &rules).unwrap();
+    let h200 = std::fs::read_to_string(k.join("profiles/h200.toml")).unwrap();
+    let line = h200.lines().position(|l| l.starts_with("backends = ")).unwrap() + 1;
+    std::fs::write(
+        k.join("profiles/h200.toml"),
+        h200.replacen("backends = [\"cuda\", \"mlx-cuda\"]", "backends = [\"cuda\", \"rocm\"]", 1),
+    )
+    .unwrap();
+    let e = Kb::load(&k).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("h200.toml:{line}:")) && e.contains("`rocm`") && e.contains("mlx-metal") && !e.contains('\n'),
+        "{e}"
+    );
+}
+
+#[test]
+fn profiles_name_the_back_ends_they_serve() {
+    let kb = kb();
+    assert_eq!(kb.profile("h200").unwrap().backends, [Backend::Cuda, Backend::MlxCuda]);
+    assert_eq!(kb.profile("cpu").unwrap().backends, [Backend::Cpu]);
+    for p in &kb.profiles {
+        for b in &p.backends {
+            // Every profile a back-end lists is one detection can choose for it.
+            let vendor = match b.vendor() {
+                Vendor::Host => "generic",
+                Vendor::Nvidia => "nvidia",
+                Vendor::Apple => "apple",
+            };
+            assert_eq!(p.vendor, vendor, "{}: serves {b}", p.name);
+        }
+    }
+}
+
+#[test]
+fn nothing_translates_to_cpp() {
+    let kb = kb();
+    assert!(!kb.map("__syncthreads", Dialect::Metal).is_empty());
+    assert!(kb.map("__syncthreads", Dialect::Cpp).is_empty());
+    assert!(kb.map("warp-sum", Dialect::Cpp).is_empty());
+    let p = &kb.map("__syncthreads", Dialect::Metal)[0];
+    assert_eq!(p.spelling(Dialect::Cuda), Some("__syncthreads"));
+    assert_eq!(p.spelling(Dialect::Cpp), None);
+    assert_eq!(SourceLang::from(Backend::MlxCuda), SourceLang::MlxCuda);
+    assert_eq!(SourceLang::MlxCuda.dialect(), Dialect::Cuda);
+    assert_eq!(SourceLang::Cpp.dialect(), Dialect::Cpp);
 }
