@@ -379,7 +379,7 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
     let started = start_pool(&cfg)?;
     let run_id = store.create_run(
         &task.name,
-        cfg.backend.name(),
+        cfg.backend,
         &cfg.planner,
         cfg.seed,
         "",
@@ -939,7 +939,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
         return crate::torch_export::export(&store, run_id, output);
     }
     let row = store.run(run_id)?;
-    if !row.backend.parse::<Backend>().is_ok_and(Backend::is_mlx) {
+    if !row.backend.is_mlx() {
         bail!(
             "run {run_id} searched the {} back-end; --mlx exports runs of mlx-cuda or mlx-metal (ksearch run {} --backend mlx)",
             row.backend,
@@ -964,7 +964,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
         .kernel(cfg.backend, &kernel)
         .map(|k| k.constraints.clone())
         .unwrap_or_default();
-    task.backends.retain(|b, _| *b == row.backend);
+    task.backends.retain(|b, _| *b == row.backend.name());
     for b in task.backends.values_mut() {
         b.kernels.clear();
     }
@@ -992,7 +992,7 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
     m.push_str("\n\n# ---- the search's result ----\nimport json as _json\n");
     m.push_str(&format!("TASK = {}\n", py_json(&serde_json::to_value(&task)?)?));
     m.push_str(&format!("CANDIDATE = {}\n", py_json(&cand_json)?));
-    m.push_str(&format!("BACKEND = {:?}\n\n", row.backend));
+    m.push_str(&format!("BACKEND = {:?}\n\n", row.backend.name()));
     m.push_str(&tail);
     std::fs::write(output, m).with_context(|| format!("cannot write {}", output.display()))?;
     println!(
@@ -1080,7 +1080,7 @@ fn bench(
     let seed_cand = ksearch_search::planner::instantiate(cfg.backend, &seed_k, &BTreeMap::new());
     let mut store = Store::open(Path::new(":memory:"))?;
     let _ = &mut store;
-    let run_id = store.create_run(&task.name, cfg.backend.name(), "bench", cfg.seed, "", &serde_json::json!({}))?;
+    let run_id = store.create_run(&task.name, cfg.backend, "bench", cfg.seed, "", &serde_json::json!({}))?;
     let (pool, device) = start_pool(&cfg)?;
     let isolation = isolation_of(&pool);
     let mut s = new_search_with(store, run_id, cfg.clone(), task, true, Some((pool, device.clone())))?;

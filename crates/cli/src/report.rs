@@ -299,8 +299,8 @@ fn collect(store: &Store, row: &RunRow, kb: Option<&ksearch_kb::Kb>, report: Opt
         }));
     }
 
-    let roofs = kb.zip(row.backend.parse::<ksearch_core::Backend>().ok()).map(|(kb, backend)| {
-        let (p, _) = kb.detect(backend, &row.device);
+    let roofs = kb.map(|kb| {
+        let (p, _) = kb.detect(row.backend, &row.device);
         json!({
             "profile": p.name,
             "display_name": p.display_name,
@@ -351,7 +351,7 @@ pub fn render(store: &Store, row: &RunRow, kb: Option<&ksearch_kb::Kb>, refresh:
         "<title>ksearch run {} · {} on {}</title>\n<style>\n{PAGE_CSS}</style>\n</head>\n<body>",
         row.id,
         esc(&row.task),
-        esc(&row.backend)
+        esc(row.backend.name())
     );
     header(&mut h, row, report.as_ref());
     h.push_str("<section id=\"progress\"><h2>Best speed-up so far</h2>\n<div class=\"plots\">\n");
@@ -382,7 +382,7 @@ fn header(h: &mut String, row: &RunRow, report: Option<&Report>) {
         let _ = writeln!(h, "<tr><th>{k}</th><td>{v}</td></tr>");
     };
     fact("task", &esc(&row.task));
-    fact("back-end", &esc(&row.backend));
+    fact("back-end", &esc(row.backend.name()));
     fact("device", &esc(if row.device.is_empty() { "-" } else { &row.device }));
     fact("planner", &esc(&row.planner));
     fact("status", &format!("<span id=\"run-status\">{}</span>", esc(&status)));

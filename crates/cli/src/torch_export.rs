@@ -124,7 +124,7 @@ fn doc_text(s: &str) -> String {
 
 pub fn export(store: &Store, run_id: i64, output: &Path) -> Result<i32> {
     let row = store.run(run_id)?;
-    if row.backend.parse::<ksearch_core::Backend>() != Ok(ksearch_core::Backend::Cuda) {
+    if row.backend != ksearch_core::Backend::Cuda {
         bail!(
             "run {run_id} searched the {} back-end; --torch exports runs of the cuda back-end (ksearch run {} --backend cuda, on a machine with an NVIDIA GPU)",
             row.backend,

@@ -77,7 +77,14 @@ fn read_only_commands_create_nothing_and_name_a_missing_store() {
     {
         let st = ksearch_store::Store::open(&s).unwrap();
         let run = st
-            .create_run("softmax", "cpu", "offline", 1, "", &serde_json::json!({}))
+            .create_run(
+                "softmax",
+                ksearch_core::Backend::Cpu,
+                "offline",
+                1,
+                "",
+                &serde_json::json!({}),
+            )
             .unwrap();
         let seed = ksearch_core::tree::Node::new(0, None, ksearch_core::tree::Action::Seed, None, Default::default(), 0);
         st.insert_node(run, &seed).unwrap();

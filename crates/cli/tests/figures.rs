@@ -22,7 +22,14 @@ fn out(o: &std::process::Output) -> String {
 /// final re-timing; `heldout` is the held-out speed-up.
 fn finished_run(st: &Store, search: f64, verified: Option<f64>, heldout: Option<f64>) -> i64 {
     let run = st
-        .create_run("softmax", "cpu", "offline", 1, "test cpu", &serde_json::json!({}))
+        .create_run(
+            "softmax",
+            ksearch_core::Backend::Cpu,
+            "offline",
+            1,
+            "test cpu",
+            &serde_json::json!({}),
+        )
         .unwrap();
     let mut seed = Node::new(0, None, Action::Seed, None, Assessment::default(), 0);
     seed.status = NodeStatus::Solved;

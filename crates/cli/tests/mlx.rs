@@ -298,7 +298,7 @@ fn export_writes_a_self_contained_module_of_the_best_kernel() {
             "kb_dir": null, "cache_dir": d.path()
         });
         let run = store
-            .create_run("mamba_scan", "mlx-cuda", "offline", 1, "test", &cfg)
+            .create_run("mamba_scan", ksearch_core::Backend::MlxCuda, "offline", 1, "test", &cfg)
             .unwrap();
         let key = store.put_candidate(&k.name, &cand).unwrap();
         let mut n = Node::new(1, None, Action::Seed, None, Assessment::default(), 0);

@@ -87,7 +87,7 @@ fn record_run(db: &Path, task_name: &str, backend: &str, kernel: &str, workloads
         "kb_dir": null, "cache_dir": db.parent().unwrap()
     });
     let run = store
-        .create_run(task_name, backend, "offline", 1, "NVIDIA H200", &cfg)
+        .create_run(task_name, backend.parse().unwrap(), "offline", 1, "NVIDIA H200", &cfg)
         .unwrap();
     let key = store.put_candidate(&k.name, &cand).unwrap();
     let mut n = Node::new(1, None, Action::Seed, None, Assessment::default(), 0);

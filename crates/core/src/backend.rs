@@ -150,7 +150,8 @@ impl FromStr for Backend {
 
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        // `pad`, so that widths and alignment (`{:<8}`) apply.
+        f.pad(self.name())
     }
 }
 
@@ -163,6 +164,7 @@ mod tests {
         for b in Backend::ALL {
             assert_eq!(b.name().parse::<Backend>(), Ok(b));
             assert_eq!(b.to_string(), b.name());
+            assert_eq!(format!("{b:<9}|"), format!("{:<9}|", b.name()));
             let js = serde_json::to_string(&b).unwrap();
             assert_eq!(js, format!("\"{}\"", b.name()));
             assert_eq!(serde_json::from_str::<Backend>(&js).unwrap(), b);

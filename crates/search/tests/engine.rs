@@ -284,7 +284,14 @@ impl Bench {
     fn search(&self, cfg: &RunConfig, ev: Scripted) -> (Search, Rc<RefCell<Vec<Event>>>) {
         let store = Store::open(&self.db()).expect("store");
         let run_id = store
-            .create_run("shapes", "cpu", "offline", 1, "", &serde_json::to_value(cfg).unwrap())
+            .create_run(
+                "shapes",
+                ksearch_core::Backend::Cpu,
+                "offline",
+                1,
+                "",
+                &serde_json::to_value(cfg).unwrap(),
+            )
             .unwrap();
         self.attach(run_id, cfg, ev)
     }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
+use ksearch_core::Backend;
 use ksearch_core::protocol::{Candidate, EvalReply, FailureClass};
 use ksearch_core::tree::{Action, Assessment, Impact, Node, NodeStatus};
 
@@ -48,6 +49,7 @@ fn sql_text(e: &rusqlite::Error) -> String {
     match e {
         rusqlite::Error::SqliteFailure(_, Some(m)) if !m.is_empty() => m.clone(),
         rusqlite::Error::SqliteFailure(f, None) => f.to_string(),
+        rusqlite::Error::FromSqlConversionFailure(_, _, e) => e.to_string(),
         other => other.to_string(),
     }
 }
@@ -269,7 +271,8 @@ fn owner_of(file: &Path) -> [String; 3] {
 pub struct RunRow {
     pub id: i64,
     pub task: String,
-    pub backend: String,
+    /// Stored as its spelling (`Backend::name`).
+    pub backend: Backend,
     pub planner: String,
     pub status: String,
     pub round: u32,
@@ -591,7 +594,7 @@ impl Store {
     pub fn create_run(
         &self,
         task: &str,
-        backend: &str,
+        backend: Backend,
         planner: &str,
         seed: u64,
         device: &str,
@@ -599,7 +602,7 @@ impl Store {
     ) -> Result<i64> {
         self.conn.execute(
             "INSERT INTO runs (task, backend, planner, status, seed, device, config) VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6)",
-            params![task, backend, planner, seed as i64, device, config.to_string()],
+            params![task, backend.name(), planner, seed as i64, device, config.to_string()],
         )?;
         Ok(self.conn.last_insert_rowid())
     }
@@ -607,10 +610,20 @@ impl Store {
     fn run_from_row(r: &rusqlite::Row) -> rusqlite::Result<RunRow> {
         let cfg: String = r.get(8)?;
         let report: Option<String> = r.get(12)?;
+        let id: i64 = r.get(0)?;
+        let backend: String = r.get(2)?;
+        let backend = backend.parse::<Backend>().map_err(|_| {
+            let names: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
+            rusqlite::Error::FromSqlConversionFailure(
+                2,
+                rusqlite::types::Type::Text,
+                format!("run {id}: unknown back-end `{backend}` (known: {})", names.join(", ")).into(),
+            )
+        })?;
         Ok(RunRow {
-            id: r.get(0)?,
+            id,
             task: r.get(1)?,
-            backend: r.get(2)?,
+            backend,
             planner: r.get(3)?,
             status: r.get(4)?,
             round: r.get::<_, i64>(5)? as u32,
@@ -1204,6 +1217,29 @@ mod tests {
     }
 
     #[test]
+    fn back_ends_are_stored_by_their_spelling_and_an_unknown_one_is_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("s.db")).unwrap();
+        for b in Backend::ALL {
+            let id = s.create_run("t", b, "offline", 1, "", &serde_json::json!({})).unwrap();
+            assert_eq!(s.run(id).unwrap().backend, b);
+            let text: String = s
+                .conn
+                .query_row("SELECT backend FROM runs WHERE id = ?1", [id], |r| r.get(0))
+                .unwrap();
+            assert_eq!(text, b.name());
+        }
+        s.conn.execute("UPDATE runs SET backend = 'rocm' WHERE id = 2", []).unwrap();
+        let e = s.run(2).unwrap_err().to_string();
+        assert!(
+            e.contains("run 2: unknown back-end `rocm`") && e.contains("mlx-metal") && !e.contains('\n'),
+            "{e}"
+        );
+        assert!(s.runs().is_err());
+        assert_eq!(s.run(1).unwrap().backend, Backend::Cpu);
+    }
+
+    #[test]
     fn round_trip_and_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
@@ -1213,7 +1249,14 @@ mod tests {
             let s = Store::open(&path).unwrap();
             assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
             run = s
-                .create_run("softmax", "cpu", "offline", 7, "dev", &serde_json::json!({"rounds": 3}))
+                .create_run(
+                    "softmax",
+                    Backend::Cpu,
+                    "offline",
+                    7,
+                    "dev",
+                    &serde_json::json!({"rounds": 3}),
+                )
                 .unwrap();
             let mut n = Node::new(0, None, Action::Seed, None, Assessment::default(), 0);
             nid = s.insert_node(run, &n).unwrap();
@@ -1261,7 +1304,9 @@ mod tests {
     fn atomic_rolls_back() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = Store::open(&dir.path().join("s.db")).unwrap();
-        let run = s.create_run("t", "cpu", "offline", 1, "", &serde_json::json!({})).unwrap();
+        let run = s
+            .create_run("t", Backend::Cpu, "offline", 1, "", &serde_json::json!({}))
+            .unwrap();
         let r: Result<()> = s.atomic(|s| {
             s.set_run_round(run, 9)?;
             Err(StoreError::NoRun(0))

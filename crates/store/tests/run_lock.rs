@@ -44,7 +44,14 @@ fn holder(store: &Path, run: i64) -> Child {
 fn new_run(store: &Path) -> (Store, i64) {
     let s = Store::open(store).unwrap();
     let run = s
-        .create_run("softmax", "cpu", "offline", 1, "", &serde_json::json!({}))
+        .create_run(
+            "softmax",
+            ksearch_core::Backend::Cpu,
+            "offline",
+            1,
+            "",
+            &serde_json::json!({}),
+        )
         .unwrap();
     (s, run)
 }
@@ -55,7 +62,14 @@ fn a_second_driver_is_refused_with_the_owner_and_a_dead_owners_lock_is_taken_ove
     let p = d.path().join("store.db");
     let (s, run) = new_run(&p);
     let other = s
-        .create_run("softmax", "cpu", "offline", 2, "", &serde_json::json!({}))
+        .create_run(
+            "softmax",
+            ksearch_core::Backend::Cpu,
+            "offline",
+            2,
+            "",
+            &serde_json::json!({}),
+        )
         .unwrap();
     let mut child = holder(&p, run);
     let pid = child.id();

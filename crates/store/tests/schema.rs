@@ -122,7 +122,14 @@ fn final_phase_rows_are_replaced_by_a_later_phase_not_duplicated() {
     {
         let s = Store::open(&p).unwrap();
         run = s
-            .create_run("softmax", "cpu", "offline", 1, "", &serde_json::json!({}))
+            .create_run(
+                "softmax",
+                ksearch_core::Backend::Cpu,
+                "offline",
+                1,
+                "",
+                &serde_json::json!({}),
+            )
             .unwrap();
         let n = |parent| Node::new(0, parent, Action::Seed, None, Assessment::default(), 0);
         seed = s.insert_node(run, &n(None)).unwrap();
