@@ -295,8 +295,8 @@ fn compiler_version(cxx: &str) -> String {
 }
 
 impl Backend for CpuBackend {
-    fn name(&self) -> &str {
-        "cpu"
+    fn backend(&self) -> ksearch_core::Backend {
+        ksearch_core::Backend::Cpu
     }
 
     fn device(&self) -> String {

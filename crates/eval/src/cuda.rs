@@ -1556,8 +1556,8 @@ impl Drop for CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    fn name(&self) -> &str {
-        "cuda"
+    fn backend(&self) -> ksearch_core::Backend {
+        ksearch_core::Backend::Cuda
     }
 
     fn device(&self) -> String {

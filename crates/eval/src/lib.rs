@@ -22,7 +22,8 @@ use ksearch_core::protocol::{EvalReply, EvalRequest};
 /// A back-end evaluates candidates inside a worker process. It may crash or hang on a bad
 /// candidate: the supervisor, in another process, deals with that.
 pub trait Backend {
-    fn name(&self) -> &str;
+    /// Which back-end this is (its spelling goes into the worker's hello).
+    fn backend(&self) -> ksearch_core::Backend;
     /// Human-readable device name (used to detect the hardware profile).
     fn device(&self) -> String;
     /// Compile, check and time. `progress` reports stages ("compiled", "workload 1/3") so the

@@ -99,7 +99,7 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
     watch_parent();
     let mut out = protocol_channel();
     let hello = Reply::Hello {
-        backend: backend.name().to_string(),
+        backend: backend.backend().name().to_string(),
         device: backend.device(),
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -136,7 +136,7 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
                 send(
                     &mut out,
                     &Reply::Error {
-                        message: format!("the {} back-end has no native baseline", backend.name()),
+                        message: format!("the {} back-end has no native baseline", backend.backend()),
                     },
                 );
             }
