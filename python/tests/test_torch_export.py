@@ -33,13 +33,16 @@ import pytest
 from conftest import REPO, load_task
 
 BODY = pathlib.Path(__file__).resolve().parent.parent / "ksearch_torch" / "export_module.py"
+NVRTC = pathlib.Path(__file__).resolve().parent.parent / "ksearch_nvrtc.py"
 
 
 def load(spec):
-    """The module as `ksearch export --torch` assembles it: SPEC first, then the body."""
+    """The module as `ksearch export --torch` assembles it: SPEC first, then the NVRTC helpers
+    and the body."""
     m = types.ModuleType("exported_" + str(random.random())[2:])
     m.SPEC = spec
-    exec(compile(BODY.read_text(), str(BODY), "exec"), m.__dict__)
+    for part in (NVRTC, BODY):
+        exec(compile(part.read_text(), str(part), "exec"), m.__dict__)
     return m
 
 

@@ -18,6 +18,8 @@ use ksearch_search::{Report, RunConfig};
 
 /// The module's body (its tests live in python/tests/test_torch_export.py).
 const BODY: &str = include_str!("../../../python/ksearch_torch/export_module.py");
+/// NVRTC through ctypes, shared with the MLX worker and `export --mlx`; written before the body.
+const NVRTC: &str = include_str!("../../../python/ksearch_nvrtc.py");
 /// Builds enumerated from the shape-tied tunables' values; beyond this many, only the builds
 /// the run measured and the candidate's own are exported.
 const MAX_BUILDS: usize = 64;
@@ -304,6 +306,8 @@ pub fn export(store: &Store, run_id: i64, output: &Path) -> Result<i32> {
     );
     text.push_str("import json as _json\n");
     text.push_str(&format!("SPEC = {}\n\n", py_json(&spec_json)?));
+    text.push_str(NVRTC);
+    text.push('\n');
     text.push_str(BODY);
     std::fs::write(output, text).with_context(|| format!("cannot write {}", output.display()))?;
     println!(
