@@ -13,18 +13,29 @@ The format it implements is ``docs/mlx.md``:
 * every axis and every define is an ``int`` template parameter, the task's constants are
   prepended to the header as ``KS_<NAME>``;
 * launches read task inputs and whatever an earlier launch wrote, and write task outputs or
-  1-D scratch buffers; every task output is written by exactly one launch.
+  1-D scratch buffers; every task output is written by exactly one launch;
+* on ``mlx-cuda`` a kernel whose ``options`` say ``form = "cuda"`` is a whole CUDA translation
+  unit instead: compiled here with NVRTC for the device's architecture (``ksearch_nvrtc``'s text
+  comes before this one in an exported module), run with ``mx.fast.precompiled_cuda_kernel``;
+  its entries take the launch's inputs and outputs, then every axis as an ``int``
+  (``-DKS_AXIS=int``), and the tunables and constants arrive as ``-D``.
 """
 
 # No `from __future__` import: it must open a file, and this text is pasted into another.
 import functools
 import hashlib
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import mlx.core as mx
+
+try:  # an exported module: ksearch_nvrtc.py's text comes before this one
+    nvrtc_build  # noqa: B018
+except NameError:  # the worker: python/ is on the path
+    from ksearch_nvrtc import CompileError, cuda_include_dir, nvrtc_build, nvrtc_version  # noqa: F401
 
 # ---------------------------------------------------------------------------------------------
 # Expressions
@@ -344,6 +355,201 @@ def constants_header(constants: dict[str, float], backend: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Whole CUDA translation units (mlx-cuda, form = "cuda"): NVRTC, names, the entry's parameters
+# (pure: no MLX calls, so it can be tested without a GPU)
+# ---------------------------------------------------------------------------------------------
+
+FORMS = ("body", "cuda")
+
+
+def kernel_form(candidate: dict, backend: str) -> str:
+    """The candidate's form: ``body`` (MLX writes the signature) or ``cuda`` (a whole CUDA
+    translation unit, mlx-cuda only), from its ``options``."""
+    form = (candidate.get("options") or {}).get("form", "body")
+    if form not in FORMS:
+        raise SourceError(f"kernel form `{form}` is unknown (known: {', '.join(FORMS)})")
+    if form == "cuda" and backend != "mlx-cuda":
+        raise SourceError(f"kernel form `cuda` runs on mlx-cuda only, not on {backend}")
+    return form
+
+
+def source_name(candidate: dict) -> str:
+    """The kernel file's name as the task gives it (compile errors name it), else kernel.cu."""
+    name = (candidate.get("options") or {}).get("file")
+    return str(name) if name else "kernel.cu"
+
+
+def arch_for(cc: tuple[int, int], source: str, options: dict) -> str:
+    """The architecture to compile for on a device of compute capability ``cc``: the candidate's
+    fixed ``arch`` option, else sm_XY with the ``a`` suffix (sm_90a) where the source needs it
+    (wgmma, setmaxnreg, or the ``arch_specific`` option): the CUDA back-end's rule
+    (crates/eval/src/cuda.rs, candidate_arch)."""
+    if options.get("arch"):
+        return str(options["arch"])
+    specific = bool(options.get("arch_specific")) or "wgmma" in source or "setmaxnreg" in source
+    return f"sm_{cc[0]}{cc[1]}" + ("a" if specific and cc[0] >= 9 else "")
+
+
+@dataclass(frozen=True)
+class CudaUnit:
+    """One build of a translation unit: its CUBIN and, per entry, the name it has in it."""
+
+    cubin: bytes
+    names: dict  # entry -> symbol (also MLX's module name: unique per build)
+    arch: str
+    log: str
+
+
+_ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(([^)]*)\)", re.S)
+
+
+def ptx_params(ptx: str) -> dict[str, list[int]]:
+    """Byte sizes of every ``.entry``'s parameters in a PTX text."""
+    out = {}
+    for m in _ENTRY.finditer(ptx):
+        sizes = []
+        for decl in m.group(2).split(","):
+            d = decl.strip()
+            if not d:
+                continue
+            p = re.search(r"\.[a-z](\d+)\b", d.split(".param", 1)[-1].replace(".ptr", "").replace(".global", ""))
+            bits = int(p.group(1)) if p else 0
+            arr = re.search(r"\[(\d+)\]", d)
+            sizes.append(bits // 8 * (int(arr.group(1)) if arr else 1))
+        out[m.group(1)] = sizes
+    return out
+
+
+def cuda_unit_options(candidate: dict, task: dict, arch: str) -> list[str]:
+    """NVRTC options of a translation unit: the CUDA back-end's (architecture, C++17,
+    KS_CUDA, constants as KS_<NAME>, tunables as -D) plus KS_MLX and KS_AXIS=int."""
+    opts = [f"--gpu-architecture={arch}", "--std=c++17", "-DKS_CUDA=1", "-DKS_MLX=1", "-DKS_AXIS=int"]
+    for name in sorted(task.get("constants") or {}):
+        v = float(task["constants"][name])
+        if not math.isfinite(v):
+            raise ValueError(f"constant `{name}` is not finite")
+        opts.append(f"-DKS_{name.upper()}={v!r}")
+    for name in sorted(candidate.get("defines") or {}):
+        opts.append(f"-D{name}={int(candidate['defines'][name])}")
+    for flag in (candidate.get("options") or {}).get("nvrtc_flags") or []:
+        opts.append(str(flag))
+    inc = cuda_include_dir()
+    if inc:
+        opts.append(f"--include-path={inc}")
+    return opts
+
+
+_UNITS: dict[tuple, Any] = {}
+
+
+def build_cuda_unit(candidate: dict, task: dict, static: "list[StaticLaunch]", arch: str) -> CudaUnit:
+    """Compile the candidate's translation unit for ``arch`` (once per process; a failure is
+    remembered too) and check its entries. Each entry is renamed at compile time to
+    ``ks_<entry>_<hash of source and options>`` (``-D<entry>=...``): MLX looks a kernel up by
+    the name it is given and keeps modules by name for the process's life, so every build needs
+    a name of its own. Raises SourceError naming the file: NVRTC's log (``file(line): error``),
+    an entry the CUBIN lacks, or parameters that do not follow the ABI."""
+    source = candidate.get("source", "")
+    opts = cuda_unit_options(candidate, task, arch)
+    entries = list(dict.fromkeys(s.entry for s in static))
+    key = (source, tuple(opts), tuple(entries))
+    got = _UNITS.get(key)
+    if got is None:
+        try:
+            got = _build_cuda_unit(candidate, task, static, source, opts, entries, arch)
+        except SourceError as e:
+            got = e
+        _UNITS[key] = got
+    if isinstance(got, SourceError):
+        raise got
+    return got
+
+
+def _build_cuda_unit(candidate, task, static, source, opts, entries, arch) -> CudaUnit:
+    fname = source_name(candidate)
+    try:
+        version = ".".join(str(v) for v in nvrtc_version())
+    except CompileError as e:
+        raise SourceError(f"{fname}: {e}") from None
+    digest = hashlib.sha1("\0".join([source, *opts, version]).encode()).hexdigest()[:12]
+    names = {e: f"ks_{e}_{digest}" for e in entries}
+    renames = [f"-D{e}={n}" for e, n in names.items()]
+    try:
+        cubin, ptx, log = nvrtc_build(source, opts + renames, fname)
+    except CompileError as e:
+        raise SourceError(str(e).strip()) from None
+    params = ptx_params(ptx)
+    axes = list(task.get("axes", []))
+    for s in static:
+        name = names[s.entry]
+        if name not in params:
+            raise SourceError(
+                f"{fname}: no entry `{s.entry}` in the compiled unit (declare it "
+                f'`extern "C" __global__ void {s.entry}(...)`)'
+            )
+        sizes = params[name]
+        want = len(s.inputs) + len(s.outputs) + len(axes)
+        if len(sizes) != want:
+            raise SourceError(
+                f"{fname}: entry `{s.entry}` takes {len(sizes)} parameters; on mlx-cuda it takes its "
+                f"{len(s.inputs)} inputs and {len(s.outputs)} outputs as pointers, then the axes "
+                f"{', '.join(axes)} as KS_AXIS: {want}"
+            )
+        for a, size in zip(axes, sizes[len(s.inputs) + len(s.outputs):]):
+            if size != 4:
+                raise SourceError(
+                    f"{fname}: entry `{s.entry}` takes axis `{a}` as a {size * 8}-bit value; MLX passes "
+                    "integer scalars as 32-bit int: declare the axes KS_AXIS (-DKS_AXIS=int here, "
+                    "long long by default; docs/task-format.md)"
+                )
+    return CudaUnit(cubin=cubin, names=names, arch=arch, log=log)
+
+
+_CC: list = []
+
+
+def device_cc() -> tuple[int, int]:
+    """Compute capability of the device MLX runs on: $KSEARCH_CUDA_ARCH (e.g. sm_90), MLX's
+    device info, else the CUDA driver's answer for device 0 of the visible ones."""
+    if _CC:
+        return _CC[0]
+    found = None
+    env = os.environ.get("KSEARCH_CUDA_ARCH", "")
+    m = re.search(r"(\d)(\d+)", env)
+    if m:
+        found = (int(m.group(1)), int(m.group(2)))
+    if found is None:
+        try:
+            info = mx.device_info()
+        except Exception:
+            info = {}
+        major, minor = info.get("compute_capability_major"), info.get("compute_capability_minor")
+        if isinstance(major, int) and isinstance(minor, int):
+            found = (major, minor)
+        else:
+            m = re.fullmatch(r"\s*(?:sm_?|compute_)?(\d)\.?(\d+)[a-z]?\s*", str(info.get("architecture", "")))
+            if m:
+                found = (int(m.group(1)), int(m.group(2)))
+    if found is None:
+        import ctypes
+
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+            dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+            if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
+                cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # COMPUTE_CAPABILITY_MAJOR
+                cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)  # COMPUTE_CAPABILITY_MINOR
+                if major.value > 0:
+                    found = (major.value, minor.value)
+        except OSError:
+            pass
+    if found is None:
+        raise LaunchError("cannot tell the GPU's compute capability (set KSEARCH_CUDA_ARCH, e.g. sm_90)")
+    _CC.append(found)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
 # Launch planning (pure: no MLX calls, so it can be tested without a GPU)
 # ---------------------------------------------------------------------------------------------
 
@@ -367,6 +573,7 @@ class StaticLaunch:
     grid: tuple[str, str, str]
     block: tuple[str, str, str]
     shared: str
+    form: str = "body"  # "cuda": a whole translation unit (the name is then the build's, see CudaUnit)
 
 
 @dataclass(frozen=True)
@@ -398,8 +605,16 @@ def static_launches(candidate: dict, task: dict, backend: str) -> list[StaticLau
     launches = candidate.get("launches") or []
     if not launches:
         raise LaunchError("the candidate has no launches")
+    form = kernel_form(candidate, backend)
     file_header, sections = split_sections(candidate.get("source", ""))
-    header = constants_header(task.get("constants") or {}, backend) + file_header
+    if form == "cuda":
+        if None not in sections:
+            raise SourceError(
+                f"{source_name(candidate)}: a whole CUDA translation unit (form = \"cuda\") has no `// @kernel` sections"
+            )
+        header = ""
+    else:
+        header = constants_header(task.get("constants") or {}, backend) + file_header
 
     task_inputs = [t["name"] for t in task.get("inputs", [])]
     task_outputs = [t["name"] for t in task.get("outputs", [])]
@@ -417,7 +632,9 @@ def static_launches(candidate: dict, task: dict, backend: str) -> list[StaticLau
     result = []
     for spec in launches:
         entry = spec["entry"]
-        if None in sections:
+        if form == "cuda":
+            body = sections[None]
+        elif None in sections:
             if len(launches) != 1:
                 raise SourceError(
                     f"the kernel has {len(launches)} launches but no `// @kernel NAME` sections"
@@ -468,6 +685,7 @@ def static_launches(candidate: dict, task: dict, backend: str) -> list[StaticLau
                 grid=grid,  # type: ignore[arg-type]
                 block=block,  # type: ignore[arg-type]
                 shared=str(spec.get("shared", "0")),
+                form=form,
             )
         )
     missing = [o for o in task_outputs if o not in written]
@@ -578,10 +796,40 @@ class CompiledCandidate:
         self._plans: dict[tuple, list[LaunchPlan]] = {}
         self._input_specs: dict[tuple, dict[str, tuple]] = {}
         self._kernels: dict[tuple[str, int], Any] = {}
+        self.form = self.static[0].form
+        self._unit: Optional[CudaUnit] = None
+        self._scalars: dict[tuple, list[int]] = {}
+        if self.form == "cuda":
+            if not hasattr(mx.fast, "precompiled_cuda_kernel"):
+                raise LaunchError(f"mlx {mx.__version__} has no mx.fast.precompiled_cuda_kernel (form = \"cuda\" needs it)")
+            return
         # Creating the kernel objects compiles nothing, but fails at once where MLX has no
         # back-end for them ("[cuda_kernel] No CUDA back-end.").
         for s in self.static:
             self._kernel(s, 0)
+
+    def unit(self) -> CudaUnit:
+        """The compiled translation unit (form = "cuda"), built on first use for this device."""
+        if self._unit is None:
+            cc = device_cc()
+            arch = arch_for(cc, self.candidate.get("source", ""), self.candidate.get("options") or {})
+            self._unit = build_cuda_unit(self.candidate, self.task, self.static, arch)
+        return self._unit
+
+    def _precompiled(self, s: StaticLaunch, p: "LaunchPlan", axes: dict[str, int], **kwargs: Any) -> Any:
+        unit = self.unit()
+        key = tuple(sorted((k, int(v)) for k, v in axes.items()))
+        if key not in self._scalars:
+            self._scalars[key] = [int(axes[a]) for a in self.task.get("axes", [])]
+        kwargs.pop("template", None)
+        return mx.fast.precompiled_cuda_kernel(
+            name=unit.names[s.entry],
+            compiled_source=unit.cubin,
+            scalars=self._scalars[key],
+            shared_memory=p.shared,
+            ensure_row_contiguous=True,
+            **kwargs,
+        )
 
     def _kernel(self, s: StaticLaunch, shared: int) -> Any:
         # A CUDA kernel takes its dynamic shared memory when it is made, not per call, so
@@ -671,7 +919,10 @@ class CompiledCandidate:
             )
             if init_value is not None and p.writes_task_output:
                 kwargs["init_value"] = float(init_value)
-            outs = self._kernel(s, p.shared)(**kwargs)
+            if s.form == "cuda":
+                outs = self._precompiled(s, p, axes, **kwargs)
+            else:
+                outs = self._kernel(s, p.shared)(**kwargs)
             for name, shape, n, arr in zip(p.outputs, p.output_shapes, cuts, outs):
                 if n is None:
                     buffers[name] = arr

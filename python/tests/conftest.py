@@ -65,5 +65,6 @@ def task_candidate(task: dict, backend: str, kernel: str = "seed", defines: dict
         "launches": launches,
         "scratch": spec.get("scratch", []),
         "defines": tunables,
-        "options": {},
+        # As the task loader passes them on: a whole CUDA translation unit also names its file.
+        "options": {**spec.get("options", {}), **({"file": spec["file"]} if spec.get("options", {}).get("form") == "cuda" else {})},
     }

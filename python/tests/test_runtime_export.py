@@ -10,7 +10,14 @@ SOURCE = open(runtime.__file__).read()
 
 
 def test_imports_only_the_standard_library_and_mlx_core():
-    allowed = set(sys.stdlib_module_names) | {"mlx"}
+    # ksearch_nvrtc only where its text is not pasted before this one (the worker), itself
+    # standard library only.
+    allowed = set(sys.stdlib_module_names) | {"mlx", "ksearch_nvrtc"}
+    nvrtc = open(os.path.join(os.path.dirname(os.path.dirname(runtime.__file__)), "ksearch_nvrtc.py")).read()
+    for node in ast.walk(ast.parse(nvrtc)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            assert all(n.split(".")[0] in sys.stdlib_module_names for n in names), names
     for node in ast.walk(ast.parse(SOURCE)):
         if isinstance(node, ast.ImportFrom):
             assert node.level == 0, "no relative imports"
@@ -28,3 +35,11 @@ def test_runs_when_pasted_after_other_code():
     exec(compile(text, "exported.py", "exec"), ns)
     assert ns["RESULT"] == 4
     assert ns["split_sections"]("// @kernel a\nx;\n") == ("", {"a": "x;\n"})
+
+
+def test_nvrtc_helpers_pasted_before_it_are_the_ones_it_uses():
+    nvrtc = open(os.path.join(os.path.dirname(os.path.dirname(runtime.__file__)), "ksearch_nvrtc.py")).read()
+    ns: dict = {"__name__": "exported"}
+    exec(compile(nvrtc + "\n" + SOURCE, "exported.py", "exec"), ns)
+    assert ns["nvrtc_build"].__code__.co_filename == "exported.py"
+    assert ns["build_cuda_unit"].__globals__ is ns

@@ -376,3 +376,94 @@ fn a_python_without_mlx_is_reported_in_one_line() {
     );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 }
+
+/// A store whose run 1 (task `task_name` on mlx-cuda) has `cand` as its solved seed node.
+fn store_with_best(db: &Path, cache: &Path, task_name: &str, kernel: &str, cand: &Candidate) {
+    let store = ksearch_store::Store::open(db).unwrap();
+    let cfg = serde_json::json!({
+        "task": task_name, "task_path": repo().join("tasks").join(task_name).join("task.toml"), "backend": "mlx-cuda",
+        "planner": "offline", "rounds": 1, "patience": 1, "seed": 1, "context": "full", "workers": 1,
+        "devices": [0], "compile_timeout_s": 60.0, "run_timeout_s": 60.0, "mem_limit_bytes": 1u64 << 30,
+        "timing": {"warmup": 1, "min_reps": 1, "max_reps": 1, "target_ms": 1.0, "flush": false},
+        "kb_dir": null, "cache_dir": cache
+    });
+    let run = store
+        .create_run(task_name, ksearch_core::Backend::MlxCuda, "offline", 1, "test", &cfg)
+        .unwrap();
+    let key = store.put_candidate(kernel, cand).unwrap();
+    let mut n = Node::new(1, None, Action::Seed, None, Assessment::default(), 0);
+    n.status = NodeStatus::Solved;
+    n.candidate = Some(key);
+    n.speedup = Some(1.0);
+    store.insert_node(run, &n).unwrap();
+}
+
+/// The best kernel is a whole CUDA translation unit (attention's wgmma kernel, `form = "cuda"`):
+/// the module carries its source and the NVRTC helpers, and builds it for sm_90a on first use,
+/// without ksearch and without a GPU (the architecture given by KSEARCH_CUDA_ARCH). Needs NVRTC
+/// 13 for the interpreter (pip's nvidia-cuda-nvrtc); skips without it unless
+/// KSEARCH_REQUIRE_NVRTC=1.
+#[test]
+fn export_of_a_whole_cuda_unit_builds_it_with_nvrtc_on_first_use() {
+    let Some(py) = python() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("s.db");
+    let t = task("attention");
+    let k = t.kernel(ksearch_core::Backend::MlxCuda, "flash_wgmma").unwrap();
+    let cand = ksearch_search::planner::instantiate(ksearch_core::Backend::MlxCuda, k, &k.default_config());
+    assert_eq!(cand.options.get("form").and_then(|v| v.as_str()), Some("cuda"));
+    store_with_best(&db, d.path(), "attention", &k.name, &cand);
+    let out = d.path().join("attention_mlx.py");
+    let o = Command::cargo_bin("ksearch")
+        .unwrap()
+        .current_dir(repo())
+        .args([
+            "--store",
+            db.to_str().unwrap(),
+            "export",
+            "1",
+            "--mlx",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.contains("# The kernel is a whole CUDA translation unit"),
+        "no note on NVRTC"
+    );
+    let script = format!(
+        "import importlib.util, os, sys\n\
+         spec = importlib.util.spec_from_file_location('attention_mlx', {out:?})\n\
+         m = importlib.util.module_from_spec(spec); sys.modules['attention_mlx'] = m; spec.loader.exec_module(m)\n\
+         assert 'ksearch_mlx' not in sys.modules and 'ksearch_nvrtc' not in sys.modules\n\
+         assert m.CANDIDATE['options'] == {{'form': 'cuda', 'file': 'cuda/flash_wgmma.cu'}}, m.CANDIDATE['options']\n\
+         try:\n    m.nvrtc_library()\n\
+         except m.CompileError as e:\n    print('NO-NVRTC', e); sys.exit(0)\n\
+         os.environ['KSEARCH_CUDA_ARCH'] = 'sm_90'\n\
+         cc = m.CompiledCandidate(m.CANDIDATE, m.TASK, m.BACKEND)\n\
+         u = cc.unit()\n\
+         assert u.arch == 'sm_90a' and len(u.cubin) > 10000 and u.names['attention'].startswith('ks_attention_'), u.names\n\
+         print('BUILT', u.arch, len(u.cubin))\n",
+        out = out.display().to_string(),
+    );
+    let p = std::process::Command::new(&py)
+        .arg("-c")
+        .arg(&script)
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&p.stdout);
+    assert!(p.status.success(), "{stdout}{}", String::from_utf8_lossy(&p.stderr));
+    if stdout.contains("NO-NVRTC") {
+        assert!(
+            std::env::var("KSEARCH_REQUIRE_NVRTC").as_deref() != Ok("1"),
+            "KSEARCH_REQUIRE_NVRTC=1 but the interpreter finds no NVRTC: {stdout}"
+        );
+        eprintln!("skipping the build: {stdout}");
+        return;
+    }
+    assert!(stdout.contains("BUILT sm_90a"), "{stdout}");
+}

@@ -69,6 +69,42 @@ pub fn body_of(src: &str, entry: &str) -> Option<(String, String)> {
     Some((header, body))
 }
 
+/// What an MLX CUDA-dialect kernel file is: a body MLX wraps in a signature (`mx.fast.cuda_kernel`,
+/// the default), or a whole CUDA translation unit the worker compiles with NVRTC and runs with
+/// `mx.fast.precompiled_cuda_kernel` (`options = { form = "cuda" }` in `task.toml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    Body,
+    Cuda,
+}
+
+impl Form {
+    /// The form a kernel's `options` declare (`form`, absent: a body).
+    pub fn of_options(options: &std::collections::BTreeMap<String, toml::Value>) -> Result<Form, String> {
+        match options.get("form") {
+            None => Ok(Form::Body),
+            Some(toml::Value::String(s)) => Form::parse(s),
+            Some(v) => Err(format!("options.form must be a string (\"body\" or \"cuda\"), not {v}")),
+        }
+    }
+
+    /// The form of a candidate (its options, passed through from the task as JSON).
+    pub fn of_candidate(c: &crate::Candidate) -> Form {
+        match c.options.get("form").and_then(|v| v.as_str()) {
+            Some("cuda") => Form::Cuda,
+            _ => Form::Body,
+        }
+    }
+
+    fn parse(s: &str) -> Result<Form, String> {
+        match s {
+            "body" => Ok(Form::Body),
+            "cuda" => Ok(Form::Cuda),
+            other => Err(format!("options.form `{other}` is unknown (known: body, cuda)")),
+        }
+    }
+}
+
 /// What one launch of an MLX kernel reads and writes, with dtype names (`f32`, `f16`…).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchIo {
@@ -129,6 +165,17 @@ mod tests {
             Some(("inline int f() { return 1; }".into(), "x[0] = 1;".into()))
         );
         assert_eq!(body_of(src, "c"), None);
+    }
+    #[test]
+    fn forms_come_from_the_options() {
+        let mut o = std::collections::BTreeMap::new();
+        assert_eq!(Form::of_options(&o), Ok(Form::Body));
+        o.insert("form".to_string(), toml::Value::String("cuda".into()));
+        assert_eq!(Form::of_options(&o), Ok(Form::Cuda));
+        o.insert("form".to_string(), toml::Value::String("ptx".into()));
+        assert!(Form::of_options(&o).unwrap_err().contains("`ptx` is unknown"));
+        o.insert("form".to_string(), toml::Value::Integer(1));
+        assert!(Form::of_options(&o).unwrap_err().contains("must be a string"));
     }
     #[test]
     fn a_file_without_markers_is_one_body() {

@@ -648,7 +648,42 @@ impl Task {
                 let src = dir.join(&k.file);
                 k.source = std::fs::read_to_string(&src)
                     .map_err(|e| inv(&at, format!("kernel `{}`: cannot read {}: {e}", k.name, src.display())))?;
-                if crate::mlx::has_sections(&k.source) {
+                let form = crate::mlx::Form::of_options(&k.options).map_err(|r| inv(&at, format!("kernel `{}`: {r}", k.name)))?;
+                if form == crate::mlx::Form::Cuda {
+                    if bname.as_str() != crate::Backend::MlxCuda.name() {
+                        return Err(inv(
+                            &at,
+                            format!(
+                                "kernel `{}`: form = \"cuda\" (a whole CUDA translation unit run through MLX) is for [backends.mlx-cuda] kernels, not [backends.{bname}]",
+                                k.name
+                            ),
+                        ));
+                    }
+                    if crate::mlx::has_sections(&k.source) {
+                        return Err(inv(
+                            &at,
+                            format!(
+                                "kernel `{}`: {} is a whole CUDA translation unit (form = \"cuda\"): it has no `// @kernel` sections",
+                                k.name, k.file
+                            ),
+                        ));
+                    }
+                    for l in &k.launches {
+                        if !names_function(&k.source, &l.entry) {
+                            return Err(inv(
+                                &at,
+                                format!(
+                                    "kernel `{}`: {} defines no function `{}` (form = \"cuda\" needs extern \"C\" __global__ void {}(...))",
+                                    k.name, k.file, l.entry, l.entry
+                                ),
+                            ));
+                        }
+                    }
+                    // Compile errors name the kernel's file, as the task gives it.
+                    k.options
+                        .entry("file".to_string())
+                        .or_insert_with(|| toml::Value::String(k.file.clone()));
+                } else if crate::mlx::has_sections(&k.source) {
                     for l in &k.launches {
                         if crate::mlx::body_of(&k.source, &l.entry).is_none() {
                             return Err(inv(
@@ -880,6 +915,80 @@ mod tests {
         assert!(!names_function(src, "ayer_ref"));
         assert!(!names_function("int layer_ref = 1;", "layer_ref"));
         assert!(is_c_identifier("_ln2") && !is_c_identifier("2ln") && !is_c_identifier("a-b") && !is_c_identifier(""));
+    }
+
+    /// A task folder with one kernel file `k.cu` holding `kernel_src`, under `[backends.<backend>]`
+    /// whose only kernel carries `extra` lines; returns what loading it gives.
+    fn load_with_kernel(backend: &str, kernel_src: &str, extra: &str) -> Result<Task, TaskError> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "ksearch-task-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("k.cu"), kernel_src).unwrap();
+        std::fs::write(dir.join("seed.cu"), "y[0] = x[0];").unwrap();
+        let text = format!(
+            "name = \"t\"\nreference = \"softmax\"\naxes = [\"rows\", \"cols\"]\n\n\
+             [[inputs]]\nname = \"x\"\nshape = [\"rows\", \"cols\"]\ndtype = \"f32\"\n\n\
+             [[outputs]]\nname = \"y\"\nshape = [\"rows\", \"cols\"]\ndtype = \"f32\"\n\n\
+             [tolerance]\nf32 = {{ atol = 1e-5, rtol = 1e-4 }}\n\n\
+             [backends.{backend}]\nsearch = [ {{ rows = 2, cols = 8 }} ]\n\n\
+             [backends.{backend}.seed]\nfile = \"seed.cu\"\nentry = \"softmax\"\n\n\
+             [[backends.{backend}.kernels]]\nname = \"unit\"\nfile = \"k.cu\"\nentry = \"softmax\"\n{extra}\n"
+        );
+        std::fs::write(dir.join("task.toml"), text).unwrap();
+        let r = Task::load(&dir.join("task.toml"));
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+
+    const UNIT: &str = "#ifndef KS_AXIS\n#define KS_AXIS long long\n#endif\n\
+                        extern \"C\" __global__ void softmax(const float* x, float* y, KS_AXIS rows, KS_AXIS cols) {}\n";
+
+    #[test]
+    fn a_whole_cuda_unit_is_an_mlx_cuda_kernel_whose_errors_name_its_file() {
+        let t = load_with_kernel("mlx-cuda", UNIT, "options = { form = \"cuda\" }").unwrap();
+        let k = t.kernel(crate::Backend::MlxCuda, "unit").unwrap();
+        assert_eq!(crate::mlx::Form::of_options(&k.options), Ok(crate::mlx::Form::Cuda));
+        assert_eq!(k.options.get("file").and_then(|v| v.as_str()), Some("k.cu"));
+        // A body (the default) gets no file option.
+        let t = load_with_kernel("mlx-cuda", "y[0] = x[0];", "").unwrap();
+        let k = t.kernel(crate::Backend::MlxCuda, "unit").unwrap();
+        assert_eq!(crate::mlx::Form::of_options(&k.options), Ok(crate::mlx::Form::Body));
+        assert!(!k.options.contains_key("file"));
+        // The shipped attention task: the wgmma kernel is one of its mlx-cuda kernels.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/attention/task.toml");
+        let t = Task::load(&root).unwrap();
+        let k = t.kernel(crate::Backend::MlxCuda, "flash_wgmma").unwrap();
+        assert_eq!(crate::mlx::Form::of_options(&k.options), Ok(crate::mlx::Form::Cuda));
+        assert!(k.source.contains("KS_AXIS"));
+    }
+
+    #[test]
+    fn a_cuda_unit_that_does_not_fit_is_refused_in_one_line() {
+        let msg = |r: Result<Task, TaskError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        let e = msg(load_with_kernel("cuda", UNIT, "options = { form = \"cuda\" }"));
+        assert!(
+            e.contains("task.toml:") && e.contains("is for [backends.mlx-cuda] kernels"),
+            "{e}"
+        );
+        let e = msg(load_with_kernel(
+            "mlx-cuda",
+            &format!("// @kernel softmax\n{UNIT}"),
+            "options = { form = \"cuda\" }",
+        ));
+        assert!(e.contains("no `// @kernel` sections"), "{e}");
+        let e = msg(load_with_kernel(
+            "mlx-cuda",
+            &UNIT.replace("softmax(", "soft_max("),
+            "options = { form = \"cuda\" }",
+        ));
+        assert!(e.contains("k.cu defines no function `softmax`"), "{e}");
+        let e = msg(load_with_kernel("mlx-cuda", UNIT, "options = { form = \"ptx\" }"));
+        assert!(e.contains("kernel `unit`: options.form `ptx` is unknown"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
     }
 
     #[test]

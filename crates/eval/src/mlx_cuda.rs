@@ -2,13 +2,14 @@
 //! MLX needed: each body is wrapped the way `mx.fast.cuda_kernel` wraps it (inputs as
 //! `const T*`, outputs as `T*`, template parameters as `constexpr int`, the header in front),
 //! minus MLX's own device headers and cooperative groups (pip's CUDA headers lack the CCCL
-//! parts they need), which shipped bodies must not rely on.
+//! parts they need), which shipped bodies must not rely on. A kernel that is a whole CUDA
+//! translation unit (`options = { form = "cuda" }`) is compiled as it is, with `-DKS_AXIS=int`.
 
 use std::collections::BTreeMap;
 
 use ksearch_core::task::{Task, Workload};
 
-use crate::cuda::{admitted_configs, nvrtc_compile, nvrtc_options, parse_ptxas};
+use crate::cuda::{admitted_configs, candidate_arch, candidate_defines, nvrtc_compile, nvrtc_options, parse_ptxas};
 
 /// The CUDA type MLX uses for a dtype name.
 pub fn cuda_type(dtype: &str) -> &'static str {
@@ -71,6 +72,31 @@ pub fn wrap(
     s
 }
 
+/// The flags a whole translation unit (`options = { form = "cuda" }`) is compiled with on top of
+/// the CUDA back-end's: MLX passes integer scalars as 32-bit `int`, so the axes are `KS_AXIS`
+/// = `int` (python/ksearch_mlx/runtime.py, `cuda_unit_options`).
+pub fn unit_flags() -> Vec<String> {
+    vec!["-DKS_MLX=1".to_string(), "-DKS_AXIS=int".to_string()]
+}
+
+/// The architecture a whole unit is checked for: the CUDA back-end's rule (`candidate_arch`:
+/// the `a` suffix where the source needs it) for the compute capability `arch` names (`sm_90`).
+fn unit_arch(arch: &str, k: &ksearch_core::KernelSpec) -> String {
+    let digits = arch.trim_start_matches("sm_").trim_end_matches('a');
+    let (Some(major), Ok(minor)) = (
+        digits.get(..1).and_then(|d| d.parse::<i32>().ok()),
+        digits.get(1..).unwrap_or("").parse::<i32>(),
+    ) else {
+        return arch.to_string();
+    };
+    let opts: BTreeMap<String, serde_json::Value> = k
+        .options
+        .iter()
+        .filter_map(|(k, v)| serde_json::to_value(v).ok().map(|v| (k.clone(), v)))
+        .collect();
+    candidate_arch((major, minor), &k.source, &opts)
+}
+
 /// Compile-check every `[backends.mlx-cuda]` kernel of `tasks` for every admitted tunable
 /// configuration (or a sample of `max_configs`) with the first search workload's axes, and the
 /// default configuration with every other search workload. Returns (compiles, failures).
@@ -97,6 +123,48 @@ pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut 
                 n += 1;
                 failed += 1;
                 report(&format!("FAIL  {}/mlx-cuda/{}: no admitted configuration", task.name, k.name));
+                continue;
+            }
+            if ksearch_core::mlx::Form::of_options(&k.options) == Ok(ksearch_core::mlx::Form::Cuda) {
+                // A whole translation unit: compiled once per configuration (the axes are
+                // run-time parameters), as the worker compiles it.
+                let mut configs: Vec<BTreeMap<String, i64>> = Vec::new();
+                // ... and the default's build for every held-out shape (other head sizes).
+                let builds = b.heldout.iter().filter_map(|w| k.specialise(&k.default_config(), w));
+                for c in jobs.into_iter().map(|(c, _)| c).chain(builds) {
+                    if !configs.contains(&c) {
+                        configs.push(c);
+                    }
+                }
+                for c in configs {
+                    n += 1;
+                    let label = format!(
+                        "{}/mlx-cuda/{} [{}]",
+                        task.name,
+                        k.name,
+                        c.iter().map(|(a, v)| format!("{a}={v}")).collect::<Vec<_>>().join(",")
+                    );
+                    let arch = unit_arch(arch, k);
+                    let opts = nvrtc_options(&arch, &candidate_defines(task, &c), &unit_flags());
+                    let file = k.file.rsplit('/').next().unwrap_or(&k.file);
+                    match nvrtc_compile(&k.source, file, &opts) {
+                        Ok((_, log)) => {
+                            let r = parse_ptxas(&log);
+                            report(&format!(
+                                "ok    {label} {arch} ({} regs, {} B smem, spills {}/{})",
+                                r.registers.unwrap_or(0),
+                                r.shared_bytes.unwrap_or(0),
+                                r.spill_stores.unwrap_or(0),
+                                r.spill_loads.unwrap_or(0)
+                            ));
+                        }
+                        Err(e) => {
+                            failed += 1;
+                            let e: Vec<&str> = e.lines().take(30).collect();
+                            report(&format!("FAIL  {label}:\n      {}", e.join("\n      ")));
+                        }
+                    }
+                }
                 continue;
             }
             let sigs = ksearch_core::mlx::launch_io(task, ksearch_core::Backend::MlxCuda, k);

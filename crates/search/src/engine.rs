@@ -789,7 +789,13 @@ impl Search {
             .backend(self.cfg.backend)
             .map(|b| b.forbid.clone())
             .unwrap_or_default();
-        let v = ksearch_kb::check_source(kb, &cand.source, cand.lang, profile, &forbid, None);
+        // A whole CUDA translation unit run through MLX (form = "cuda") is checked as CUDA, not
+        // by the rules for bodies MLX wraps (no signature, no includes).
+        let lang = match ksearch_core::mlx::Form::of_candidate(cand) {
+            ksearch_core::mlx::Form::Cuda => ksearch_core::protocol::Lang::Cuda,
+            ksearch_core::mlx::Form::Body => cand.lang,
+        };
+        let v = ksearch_kb::check_source(kb, &cand.source, lang, profile, &forbid, None);
         if v.is_empty() {
             return None;
         }

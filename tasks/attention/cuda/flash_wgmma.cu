@@ -79,6 +79,11 @@
 #error "BLOCK_N must be 64 or 128, HD 64, 96 or 128"
 #endif
 
+// The axes' type: `long long` for the CUDA back-end's ABI; MLX passes integer scalars as 32-bit
+// `int`, so the mlx-cuda back-end compiles this file with -DKS_AXIS=int (docs/task-format.md).
+#ifndef KS_AXIS
+#define KS_AXIS long long
+#endif
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif
@@ -264,8 +269,8 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned short* __restrict__ q,
                                                               const unsigned short* __restrict__ k,
                                                               const unsigned short* __restrict__ v,
-                                                              unsigned short* __restrict__ o, long long B, long long H,
-                                                              long long Hkv, long long L, long long D, long long causal) {
+                                                              unsigned short* __restrict__ o, KS_AXIS B, KS_AXIS H,
+                                                              KS_AXIS Hkv, KS_AXIS L, KS_AXIS D, KS_AXIS causal) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
     const unsigned sKV = sQ + Q_BYTES;  // stage s: K at sKV + 2 * s * TILE_BYTES, V at + TILE_BYTES
