@@ -5,7 +5,9 @@
 # BACKEND ("mlx-cuda" or "mlx-metal"). With those globals present it defines:
 #
 #   KERNEL          CompiledCandidate(CANDIDATE, TASK, BACKEND), built on first use (None before);
-#                   assign any callable (inputs, axes) -> {output: array} to replace it.
+#                   where CANDIDATE["builds"] lists the other values of shape-tied tunables (a
+#                   head size HD == D), one CompiledCandidate per build, picked per call by the
+#                   constraints; assign any callable (inputs, axes) -> {output: array} to replace it.
 #   <task name>(…)  e.g. mamba_scan(u, delta, A, Bm, Cm, Dv) -> (y, state): the task's inputs in
 #                   order; axes come from the argument shapes, axes in no shape (attention's
 #                   `causal`) from keyword arguments; arguments are cast to the kernel's dtypes.
@@ -138,23 +140,62 @@ def axes_from_shapes(task, arrays, given=None):
     return {a: axes[a] for a in task_axes}
 
 
-def _tail_check_constraints(candidate, axes):
-    """The exported kernel was specialised by its defines (e.g. HD = 128): refuse shapes its
-    constraints exclude rather than compute garbage. Needs CANDIDATE["constraints"]; skipped
-    when the export does not carry them."""
-    cons = (candidate or {}).get("constraints") or []
-    if not cons:
-        return
-    env = dict(_tail_defines(candidate))
+def _tail_failed_constraint(candidate, defines, axes):
+    """The first of the kernel's constraints that `defines` with `axes` fails, else None."""
+    env = dict(defines)
     env.update(axes)
-    for c in cons:
+    for c in (candidate or {}).get("constraints") or []:
         try:
             ok = _tail_eval(c, env)
         except ValueError:
             continue
         if not ok:
-            shown = ", ".join(f"{k}={v}" for k, v in env.items())
-            raise ValueError(f"the exported kernel does not support this workload: `{c}` fails for {shown}")
+            return c
+    return None
+
+
+def _tail_build_for(candidate, axes):
+    """The defines of the build that runs `axes`: the candidate's own where its constraints admit
+    them, else the first of CANDIDATE["builds"] (the candidate with other values of its
+    shape-tied tunables, e.g. HD = 64 for D = 64) that they admit. Refuses shapes no build
+    supports rather than compute garbage (ValueError naming the constraint the candidate's own
+    build fails). Without CANDIDATE["constraints"] nothing is checked."""
+    own = dict(_tail_defines(candidate))
+    failed = _tail_failed_constraint(candidate, own, axes)
+    if failed is None:
+        return own
+    for b in (candidate or {}).get("builds") or []:
+        if _tail_failed_constraint(candidate, b, axes) is None:
+            return dict(b)
+    env = dict(own)
+    env.update(axes)
+    shown = ", ".join(f"{k}={v}" for k, v in env.items())
+    raise ValueError(f"the exported kernel does not support this workload: `{failed}` fails for {shown}")
+
+
+def _tail_check_constraints(candidate, axes):
+    """The exported kernel was specialised by its defines (e.g. HD = 128): refuse shapes that
+    neither its constraints nor one of its other builds admit."""
+    _tail_build_for(candidate, axes)
+
+
+class _TailBuilds:
+    """KERNEL when the export carries builds per shape class: the build `_tail_build_for` picks
+    for each call's axes, a CompiledCandidate each, made on first use."""
+
+    def __init__(self, candidate, task, backend):
+        self.candidate, self.task, self.backend = candidate, task, backend
+        self.compiled = {}
+
+    def kernel_for(self, axes):
+        d = _tail_build_for(self.candidate, axes)
+        key = tuple(sorted(d.items()))
+        if key not in self.compiled:
+            self.compiled[key] = CompiledCandidate({**self.candidate, "defines": d}, self.task, self.backend)  # noqa: F821
+        return self.compiled[key]
+
+    def __call__(self, inputs, axes, *args, **kwargs):
+        return self.kernel_for(axes)(inputs, axes, *args, **kwargs)
 
 
 def make_entry(task, backend, get_kernel, candidate=None):
@@ -701,7 +742,10 @@ KERNEL = globals().get("KERNEL")
 def _tail_kernel():
     global KERNEL
     if KERNEL is None:
-        KERNEL = CompiledCandidate(CANDIDATE, TASK, BACKEND)  # noqa: F821 (from the runtime)
+        if CANDIDATE.get("builds"):  # noqa: F821
+            KERNEL = _TailBuilds(CANDIDATE, TASK, BACKEND)  # noqa: F821
+        else:
+            KERNEL = CompiledCandidate(CANDIDATE, TASK, BACKEND)  # noqa: F821 (from the runtime)
     return KERNEL
 
 

@@ -965,12 +965,21 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
         .kernel(cfg.backend, &kernel)
         .map(|k| k.constraints.clone())
         .unwrap_or_default();
+    // The candidate with every other value of its shape-tied tunables (e.g. HD for D = 64, 96),
+    // so that the module runs every shape class the search built for.
+    let builds = task
+        .kernel(cfg.backend, &kernel)
+        .map(|k| other_builds(k, &cand.defines))
+        .unwrap_or_default();
     task.backends.retain(|b, _| *b == row.backend.name());
     for b in task.backends.values_mut() {
         b.kernels.clear();
     }
     let mut cand_json = serde_json::to_value(&cand)?;
     cand_json["constraints"] = serde_json::json!(constraints);
+    if !builds.is_empty() {
+        cand_json["builds"] = serde_json::json!(builds);
+    }
     let dir = crate::pool::mlx_package_dir()
         .context("python/ksearch_mlx not found (run from the repository or set KSEARCH_MLX_PATH)")?;
     let read = |f: &str| {
@@ -1015,6 +1024,36 @@ fn export(g: &Global, run_id: i64, mlx: bool, torch: bool, output: &Path) -> Res
         row.task
     );
     Ok(0)
+}
+
+/// `defines` with every other combination of `k`'s shape-tied tunables (pattern
+/// `specialisation`), in their declared order; empty when it has none.
+fn other_builds(k: &ksearch_core::KernelSpec, defines: &BTreeMap<String, i64>) -> Vec<BTreeMap<String, i64>> {
+    let tied: Vec<&ksearch_core::task::Tunable> = k
+        .tunables
+        .iter()
+        .filter(|t| t.pattern.as_deref() == Some("specialisation"))
+        .collect();
+    if tied.is_empty() {
+        return Vec::new();
+    }
+    let mut builds: Vec<BTreeMap<String, i64>> = vec![defines.clone()];
+    for t in tied {
+        builds = builds
+            .iter()
+            .flat_map(|b| {
+                t.values.iter().map(move |v| {
+                    let mut d = b.clone();
+                    d.insert(t.name.clone(), *v);
+                    d
+                })
+            })
+            .collect();
+    }
+    builds.retain(|b| b != defines);
+    builds.dedup();
+    builds.truncate(64);
+    builds
 }
 
 /// A JSON value as a Python expression: `_json.loads("…")` with the text as a Python string

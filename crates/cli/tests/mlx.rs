@@ -399,8 +399,9 @@ fn store_with_best(db: &Path, cache: &Path, task_name: &str, kernel: &str, cand:
 }
 
 /// The best kernel is a whole CUDA translation unit (attention's wgmma kernel, `form = "cuda"`):
-/// the module carries its source and the NVRTC helpers, and builds it for sm_90a on first use,
-/// without ksearch and without a GPU (the architecture given by KSEARCH_CUDA_ARCH). Needs NVRTC
+/// the module carries its source, the NVRTC helpers and its builds for the other head sizes,
+/// picks a build per call's shape and builds it for sm_90a on first use, without ksearch and
+/// without a GPU (the architecture given by KSEARCH_CUDA_ARCH). Needs NVRTC
 /// 13 for the interpreter (pip's nvidia-cuda-nvrtc); skips without it unless
 /// KSEARCH_REQUIRE_NVRTC=1.
 #[test]
@@ -440,12 +441,18 @@ fn export_of_a_whole_cuda_unit_builds_it_with_nvrtc_on_first_use() {
          m = importlib.util.module_from_spec(spec); sys.modules['attention_mlx'] = m; spec.loader.exec_module(m)\n\
          assert 'ksearch_mlx' not in sys.modules and 'ksearch_nvrtc' not in sys.modules\n\
          assert m.CANDIDATE['options'] == {{'form': 'cuda', 'file': 'cuda/flash_wgmma.cu'}}, m.CANDIDATE['options']\n\
+         assert sorted(b['HD'] for b in m.CANDIDATE['builds']) == [64, 96] and m.CANDIDATE['defines']['HD'] == 128\n\
+         ax = {{'B': 1, 'H': 4, 'Hkv': 2, 'L': 33, 'causal': 1}}\n\
+         assert [m._tail_build_for(m.CANDIDATE, {{**ax, 'D': d}})['HD'] for d in (128, 64, 96)] == [128, 64, 96]\n\
+         try:\n    m._tail_build_for(m.CANDIDATE, {{**ax, 'D': 80}}); sys.exit('D = 80 was accepted')\n\
+         except ValueError as e:\n    assert 'HD == D' in str(e), e\n\
          try:\n    m.nvrtc_library()\n\
          except m.CompileError as e:\n    print('NO-NVRTC', e); sys.exit(0)\n\
          os.environ['KSEARCH_CUDA_ARCH'] = 'sm_90'\n\
-         cc = m.CompiledCandidate(m.CANDIDATE, m.TASK, m.BACKEND)\n\
-         u = cc.unit()\n\
+         k = m._tail_kernel()\n\
+         u, u64 = k.kernel_for({{**ax, 'D': 128}}).unit(), k.kernel_for({{**ax, 'D': 64}}).unit()\n\
          assert u.arch == 'sm_90a' and len(u.cubin) > 10000 and u.names['attention'].startswith('ks_attention_'), u.names\n\
+         assert u64.names != u.names and len(k.compiled) == 2\n\
          print('BUILT', u.arch, len(u.cubin))\n",
         out = out.display().to_string(),
     );
