@@ -798,7 +798,7 @@ class CompiledCandidate:
         self._kernels: dict[tuple[str, int], Any] = {}
         self.form = self.static[0].form
         self._unit: Optional[CudaUnit] = None
-        self._scalars: dict[tuple, list[int]] = {}
+        self._n_axes = len(task.get("axes", []))
         if self.form == "cuda":
             if not hasattr(mx.fast, "precompiled_cuda_kernel"):
                 raise LaunchError(f"mlx {mx.__version__} has no mx.fast.precompiled_cuda_kernel (form = \"cuda\" needs it)")
@@ -816,16 +816,14 @@ class CompiledCandidate:
             self._unit = build_cuda_unit(self.candidate, self.task, self.static, arch)
         return self._unit
 
-    def _precompiled(self, s: StaticLaunch, p: "LaunchPlan", axes: dict[str, int], **kwargs: Any) -> Any:
+    def _precompiled(self, s: StaticLaunch, p: "LaunchPlan", **kwargs: Any) -> Any:
         unit = self.unit()
-        key = tuple(sorted((k, int(v)) for k, v in axes.items()))
-        if key not in self._scalars:
-            self._scalars[key] = [int(axes[a]) for a in self.task.get("axes", [])]
         kwargs.pop("template", None)
         return mx.fast.precompiled_cuda_kernel(
             name=unit.names[s.entry],
             compiled_source=unit.cubin,
-            scalars=self._scalars[key],
+            # The axes in task order: the first values of the plan's template (template_env).
+            scalars=[v for _, v in p.template[: self._n_axes]],
             shared_memory=p.shared,
             ensure_row_contiguous=True,
             **kwargs,
@@ -850,15 +848,14 @@ class CompiledCandidate:
                 self._kernels[key] = mx.fast.metal_kernel(**common)
         return self._kernels[key]
 
-    def plan(self, axes: dict[str, int]) -> list[LaunchPlan]:
-        key = tuple(sorted((k, int(v)) for k, v in axes.items()))
+    def plan(self, axes: dict[str, int], key: Optional[tuple] = None) -> list[LaunchPlan]:
+        key = key if key is not None else tuple(sorted((k, int(v)) for k, v in axes.items()))
         if key not in self._plans:
             self._plans[key] = plan_launches(self.candidate, self.task, self.backend, dict(axes), self.static)
         return self._plans[key]
 
-    def _check_inputs(self, inputs: dict[str, Any], axes: dict[str, int]) -> dict[str, Any]:
+    def _check_inputs(self, inputs: dict[str, Any], axes: dict[str, int], key: tuple) -> dict[str, Any]:
         # Shapes and dtypes per workload, worked out once: this runs inside timed calls.
-        key = tuple(sorted((k, int(v)) for k, v in axes.items()))
         if key not in self._input_specs:
             self._input_specs[key] = {
                 name: (tensor_shape(spec, axes), mx_dtype(tensor_dtype(self.task, self.backend, spec)))
@@ -899,8 +896,9 @@ class CompiledCandidate:
         shape; the second value holds the tails (``{output name: flat array}``). MLX hands an
         output to the kernel as a bare pointer (no shape), so the body cannot tell. With
         ``init_value`` the tails hold it too: a write past the end changes them."""
-        plans = self.plan(axes)
-        buffers = self._check_inputs(inputs, axes)
+        key = tuple(sorted((k, int(v)) for k, v in axes.items()))  # once: this runs inside timed calls
+        plans = self.plan(axes, key)
+        buffers = self._check_inputs(inputs, axes, key)
         tails: dict[str, Any] = {}
         for s, p in zip(self.static, plans):
             shapes, cuts = [], []
@@ -920,7 +918,7 @@ class CompiledCandidate:
             if init_value is not None and p.writes_task_output:
                 kwargs["init_value"] = float(init_value)
             if s.form == "cuda":
-                outs = self._precompiled(s, p, axes, **kwargs)
+                outs = self._precompiled(s, p, **kwargs)
             else:
                 outs = self._kernel(s, p.shared)(**kwargs)
             for name, shape, n, arr in zip(p.outputs, p.output_shapes, cuts, outs):

@@ -169,3 +169,34 @@ def test_ptx_parameters_are_read_with_their_sizes():
 }
 """
     assert rt.ptx_params(ptx) == {"ks_f_0123": [8, 8, 4, 16], "g": []}
+
+
+def test_a_call_passes_the_build_and_the_axes_in_task_order_to_mlx(env, monkeypatch):
+    # MLX's precompiled-kernel call itself needs a GPU: here it is replaced by a recorder, and
+    # what reaches it is checked: the build's name and CUBIN, the axes as ints in the task's
+    # order, the launch's grid (threads), block and shared bytes, row-contiguous inputs.
+    import mlx.core as mx
+
+    task, cand = candidate()
+    cc = rt.CompiledCandidate(cand, task, "mlx-cuda")
+    monkeypatch.setattr(rt, "device_cc", lambda: (9, 0))
+    seen = []
+
+    def record(**kw):
+        seen.append(kw)
+        return [mx.zeros(tuple(kw["output_shapes"][0]), dtype=kw["output_dtypes"][0])]
+
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", record)
+    axes = {"B": 2, "H": 8, "Hkv": 2, "L": 130, "D": 128, "causal": 1}
+    q = mx.zeros((2, 8, 130, 128), dtype=mx.float16)
+    kv = mx.zeros((2, 2, 130, 128), dtype=mx.float16)
+    out = cc({"q": q, "k": kv, "v": kv}, axes, init_value=3.0)["o"]
+    assert out.shape == (2, 8, 130, 128)
+    (kw,) = seen
+    unit = cc.unit()
+    assert kw["name"] == unit.names["attention"] and kw["compiled_source"] is unit.cubin
+    assert kw["scalars"] == [2, 8, 2, 130, 128, 1] and all(type(v) is int for v in kw["scalars"])
+    assert kw["grid"] == (2 * 256, 16, 1) and kw["threadgroup"] == (256, 1, 1)
+    assert kw["shared_memory"] == 128 * 2 * 128 + 4 * 3 * 128 * 128 + 1024 + 128
+    assert kw["ensure_row_contiguous"] is True and kw["init_value"] == 3.0 and "template" not in kw
+    assert [a.shape for a in kw["inputs"]] == [(2, 8, 130, 128), (2, 2, 130, 128), (2, 2, 130, 128)]
