@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: evaluations per minute and overhead of the attention search on the CUDA
 # back-end, for each binary and worker count given, each under the same time budget, then where
-# an evaluation's time goes (the store's compile, kernel and judge seconds per evaluation).
+# an evaluation's time goes (the store's compile, kernel and judge seconds per evaluation, and
+# the judge's own steps from KSEARCH_JUDGE_PROFILE).
 #
 # Here:      cargo build --release && mkdir -p .gpu && cp target/release/ksearch .gpu/
 #            (optionally an older build as .gpu/ksearch-before, for a before/after comparison)
@@ -25,7 +26,7 @@ for spec in ${RUNS:-.gpu/ksearch:}; do
     extra=()
     [[ -n "$w" ]] && extra=(--workers "$w")
     t0=$(date +%s.%N)
-    "$bin" --store "$d/store.db" run "$TASK" --backend cuda --rounds 500 --patience 500 --time-budget "$B" "${extra[@]}" > "$OUTDIR/run$n.txt" 2>&1
+    KSEARCH_JUDGE_PROFILE="$OUTDIR/profile$n.txt" "$bin" --store "$d/store.db" run "$TASK" --backend cuda --rounds 500 --patience 500 --time-budget "$B" "${extra[@]}" > "$OUTDIR/run$n.txt" 2>&1
     rc=$?
     t1=$(date +%s.%N)
     echo "== $bin workers=${w:-default}: exit $rc, wall $(python3 -c "print(round($t1 - $t0, 1))") s"
@@ -39,5 +40,19 @@ if rows:
     s = [sum(r[i] for r in rows) for i in range(1, 5)]
     print(f"per evaluation ({k}): compiler {s[0]/k:.3f} s, candidate runs {s[1]/k:.3f} s, "
           f"judge work outside the runs {s[2]/k:.3f} s, wall {s[3]/k:.3f} s")
+PY
+    # Where the judge's time went, summed over every workload of every evaluation (builds
+    # without KSEARCH_JUDGE_PROFILE support write nothing).
+    python3 - "$OUTDIR/profile$n.txt" <<'PY'
+import collections, os, sys
+p = sys.argv[1]
+if os.path.exists(p):
+    tot, n = collections.Counter(), 0
+    for line in open(p):
+        n += 1
+        for kv in line.split()[3:]:
+            k, v = kv.split("=")
+            tot[k] += float(v)
+    print(f"judge steps over {n} workloads (s): " + ", ".join(f"{k} {v:.1f}" for k, v in tot.most_common()))
 PY
 done

@@ -78,7 +78,18 @@ pub fn output_specs(task: &Task, backend: ksearch_core::Backend, w: &WorkloadReq
 /// The host f64 reference for these inputs: a built-in one, or the C++ file the task brings
 /// (compiled and called here, on the trusted side; see `task_ref`).
 pub fn host_reference(task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, String> {
-    let values: Vec<&[f64]> = inputs.iter().map(|t| t.values.as_slice()).collect();
+    // A tensor that carries only its bytes (the judge's checked inputs) is decoded here.
+    let decoded: Vec<std::borrow::Cow<[f64]>> = inputs
+        .iter()
+        .map(|t| {
+            if t.values.len() == t.len() {
+                std::borrow::Cow::Borrowed(t.values.as_slice())
+            } else {
+                std::borrow::Cow::Owned(ksearch_core::data::decode(&t.bytes, t.dtype))
+            }
+        })
+        .collect();
+    let values: Vec<&[f64]> = decoded.iter().map(|c| c.as_ref()).collect();
     let out = match task.reference.name() {
         Some(name) => {
             let f = reference::lookup(name).ok_or_else(|| format!("unknown reference `{name}`"))?;
@@ -205,6 +216,20 @@ pub fn make_inputs_parts(
     min_part: usize,
     len: impl Fn(usize) -> usize,
 ) -> Result<Vec<Vec<HostTensor>>, String> {
+    draw_inputs(task, backend, ws, min_part, len, true)
+}
+
+/// [`make_inputs_parts`], keeping only the encoded bytes when `keep_values` is false (the
+/// tensors' `values` are then empty: the judge's pools, whose windows are decoded only where
+/// a host reference needs them).
+pub fn draw_inputs(
+    task: &Task,
+    backend: ksearch_core::Backend,
+    ws: &[WorkloadReq],
+    min_part: usize,
+    len: impl Fn(usize) -> usize,
+    keep_values: bool,
+) -> Result<Vec<Vec<HostTensor>>, String> {
     use ksearch_core::data;
     use ksearch_core::task::shape_of;
     struct Job {
@@ -239,24 +264,43 @@ pub fn make_inputs_parts(
         .iter()
         .map(|j| {
             let dtype = task.dtype_on(backend, &task.inputs[j.ti]);
-            (vec![0.0f64; j.n], vec![0u8; j.n * dtype.size()], dtype)
+            (
+                vec![0.0f64; if keep_values { j.n } else { 0 }],
+                vec![0u8; j.n * dtype.size()],
+                dtype,
+            )
         })
         .collect();
     {
-        type Part<'a> = (usize, usize, &'a mut [f64], &'a mut [u8]);
+        // (tensor, first element, its values when kept, its bytes)
+        type Part<'a> = (usize, usize, Option<&'a mut [f64]>, &'a mut [u8]);
         let mut work: Vec<Part> = Vec::new();
         for (k, (j, (v, b, dtype))) in jobs.iter().zip(bufs.iter_mut()).enumerate() {
             let step = j.n.div_ceil(j.n.div_ceil(target).max(1)).max(1);
-            for (i, (vs, bs)) in v.chunks_mut(step).zip(b.chunks_mut(step * dtype.size())).enumerate() {
-                work.push((k, i * step, vs, bs));
+            if keep_values {
+                for (i, (vs, bs)) in v.chunks_mut(step).zip(b.chunks_mut(step * dtype.size())).enumerate() {
+                    work.push((k, i * step, Some(vs), bs));
+                }
+            } else {
+                for (i, bs) in b.chunks_mut(step * dtype.size()).enumerate() {
+                    work.push((k, i * step, None, bs));
+                }
             }
         }
         // Largest parts first.
-        work.sort_by_key(|w| w.2.len());
-        let fill = |(k, start, vs, bs): Part| {
+        work.sort_by_key(|w| w.3.len());
+        let fill = |(k, start, kept, bs): Part| {
             let j = &jobs[k];
             let t = &task.inputs[j.ti];
             let dtype = task.dtype_on(backend, t);
+            let mut scratch = Vec::new();
+            let vs: &mut [f64] = match kept {
+                Some(v) => v,
+                None => {
+                    scratch.resize(bs.len() / dtype.size(), 0.0);
+                    &mut scratch
+                }
+            };
             draw_part(&t.init, dtype, j.seed, start, vs);
             // Encoded in cache-sized pieces, straight into the tensor's bytes.
             const PIECE: usize = 1 << 14;

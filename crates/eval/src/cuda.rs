@@ -23,7 +23,7 @@ use cudarc::nvrtc::sys as nvsys;
 
 use ksearch_core::expr::eval_i64;
 use ksearch_core::protocol::{CompileInfo, EvalReply, EvalRequest, Failure, FailureClass, Lang, Resources, WorkloadReq};
-use ksearch_core::task::{KernelSpec, Task, Workload};
+use ksearch_core::task::{DType, KernelSpec, Task, Workload};
 
 use crate::Backend;
 use crate::common::{HostTensor, host_reference, output_specs};
@@ -774,6 +774,28 @@ pub struct CudaBackend {
     host_ref_max_flops: f64,
     /// This device's measurement lock, shared with the other workers of the device.
     lock: crate::common::DeviceLock,
+    /// Page-locked host memory that read-backs go through (made on first use).
+    staging: Option<Pinned>,
+}
+
+/// A page-locked host buffer: device-to-host copies into it run at the link's speed, where a
+/// copy into ordinary (pageable) memory goes through the driver's own bounce buffers.
+struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by one backend; nothing else aliases it.
+unsafe impl Send for Pinned {}
+
+/// Read-backs larger than this go through the staging buffer in pieces.
+const STAGING_BYTES: usize = 64 << 20;
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc in `CudaBackend::download` and freed once.
+        let _ = unsafe { cu::free_host(self.ptr as *mut c_void) };
+    }
 }
 
 fn dev_attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32, String> {
@@ -865,6 +887,7 @@ impl CudaBackend {
             refmod: None,
             host_ref_max_flops: HOST_REFERENCE_MAX_FLOPS,
             lock,
+            staging: None,
         };
         // Measured while no other worker of the device measures.
         let hold = b.lock.acquire()?;
@@ -989,6 +1012,7 @@ impl CudaBackend {
         let entry = match task.reference.name().unwrap_or("") {
             "softmax" => "ksref_softmax",
             "rmsnorm" => "ksref_rmsnorm",
+            "attention" if ax("D") <= 128 => "ksref_attention_tiled",
             "attention" => "ksref_attention",
             "mamba_scan" => "ksref_mamba_scan",
             "mamba_step" => "ksref_mamba_step",
@@ -1012,10 +1036,7 @@ impl CudaBackend {
         let outs = output_specs(task, ksearch_core::Backend::Cuda, w).map_err(|e| fail(FailureClass::Infra, e))?;
         let mut ibufs = Vec::new();
         for t in inputs {
-            let b = alloc(t.values.len() * 8, "a reference input")?;
-            // SAFETY: the buffer holds exactly these values.
-            unsafe { cu::memcpy_htod_async(b.ptr, &t.values, self.stream) }.map_err(|e| after_run(e, "reference upload"))?;
-            ibufs.push(b);
+            ibufs.push(self.upload_widened(m, t)?);
         }
         let mut obufs = Vec::new();
         for (_, n, _) in &outs {
@@ -1074,15 +1095,99 @@ impl CudaBackend {
                 fail(FailureClass::Infra, format!("device reference launch: {}", drv_err(e)))
             }
         })?;
+        self.sync().map_err(|e| after_run(e, "device reference"))?;
         let mut res = Vec::new();
         for ((_, n, _), b) in outs.iter().zip(&obufs) {
             let mut v = vec![0.0f64; *n];
-            // SAFETY: the buffer holds n doubles.
-            unsafe { cu::memcpy_dtoh_async(&mut v, b.ptr, self.stream) }.map_err(|e| after_run(e, "reference download"))?;
+            self.download(&mut v, b.ptr).map_err(|e| after_run(e, "reference download"))?;
             res.push(v);
         }
-        self.sync().map_err(|e| after_run(e, "device reference"))?;
         Ok(Some(res))
+    }
+
+    /// Copy `dst.len()` elements from device address `src` into `dst`, through the page-locked
+    /// staging buffer, and wait for them. Falls back to a direct (pageable) copy when page-locked
+    /// memory cannot be had.
+    fn download<T: Copy>(&mut self, dst: &mut [T], src: sys::CUdeviceptr) -> Result<(), cu::DriverError> {
+        let total = std::mem::size_of_val(dst);
+        // SAFETY: a byte view of `dst` (plain `Copy` data, any bit pattern is overwritten).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u8, total) };
+        if self.staging.is_none() && total > 0 {
+            // SAFETY: a fresh page-locked allocation owned by `Pinned`.
+            if let Ok(ptr) = unsafe { cu::malloc_host(STAGING_BYTES, 0) } {
+                self.staging = Some(Pinned {
+                    ptr: ptr as *mut u8,
+                    bytes: STAGING_BYTES,
+                });
+            }
+        }
+        let Some(st) = &self.staging else {
+            // SAFETY: `bytes` is exactly the destination.
+            unsafe { cu::memcpy_dtoh_async(bytes, src, self.stream) }?;
+            return self.sync();
+        };
+        let mut done = 0;
+        while done < total {
+            let n = (total - done).min(st.bytes);
+            // SAFETY: the staging buffer holds `st.bytes >= n` bytes and nothing else uses it
+            // while this copy runs (the stream is waited for before it is read).
+            let piece = unsafe { std::slice::from_raw_parts_mut(st.ptr, n) };
+            unsafe { cu::memcpy_dtoh_async(piece, src + done as u64, self.stream) }?;
+            self.sync()?;
+            bytes[done..done + n].copy_from_slice(piece);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// One reference input on the device as doubles: its bytes uploaded in their own encoding
+    /// and widened there (`ksref_widen_*`), or uploaded as doubles when already wide.
+    fn upload_widened(&mut self, m: sys::CUmodule, t: &HostTensor) -> Result<DevBuf, Stop> {
+        let n = t.len();
+        let wide = alloc(n * 8, "a reference input")?;
+        let entry = match t.dtype {
+            DType::F16 => "ksref_widen_f16",
+            DType::Bf16 => "ksref_widen_bf16",
+            DType::F32 => "ksref_widen_f32",
+            DType::F64 | DType::I32 => "",
+        };
+        if entry.is_empty() || t.bytes.len() != n * t.dtype.size() || n == 0 {
+            let values = if t.values.len() == n {
+                std::borrow::Cow::Borrowed(t.values.as_slice())
+            } else {
+                std::borrow::Cow::Owned(ksearch_core::data::decode(&t.bytes, t.dtype))
+            };
+            if values.len() != n {
+                return Err(fail(
+                    FailureClass::Infra,
+                    format!("reference input `{}`: {} values for {n} elements", t.name, values.len()),
+                ));
+            }
+            // SAFETY: the buffer holds exactly these values.
+            unsafe { cu::memcpy_htod_async(wide.ptr, &values, self.stream) }.map_err(|e| after_run(e, "reference upload"))?;
+            self.sync().map_err(|e| after_run(e, "reference upload"))?;
+            return Ok(wide);
+        }
+        let raw = alloc(t.bytes.len(), "a reference input")?;
+        // SAFETY: the buffer holds exactly these bytes.
+        unsafe { cu::memcpy_htod_async(raw.ptr, &t.bytes, self.stream) }.map_err(|e| after_run(e, "reference upload"))?;
+        let cname = CString::new(entry).expect("no NUL");
+        // SAFETY: `m` is a live module.
+        let f = unsafe { cu::module::get_function(m, cname) }
+            .map_err(|e| fail(FailureClass::Infra, format!("device reference {entry}: {}", drv_err(e))))?;
+        let blocks = n.div_ceil(256) as u32;
+        let args = [Arg::Ptr(raw.ptr), Arg::Ptr(wide.ptr), Arg::I64(n as i64)];
+        // SAFETY: the widening kernels take (source, destination, count), 8 bytes each.
+        unsafe { launch(f, (blocks, 1, 1), (256, 1, 1), 0, self.stream, &args) }.map_err(|e| {
+            if is_sticky(&e) {
+                Stop::Fault(drv_err(e))
+            } else {
+                fail(FailureClass::Infra, format!("device reference {entry}: {}", drv_err(e)))
+            }
+        })?;
+        // `raw` is freed when it drops, after the stream has widened it.
+        self.sync().map_err(|e| after_run(e, "widening a reference input"))?;
+        Ok(wide)
     }
 
     fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, Stop> {
@@ -1466,13 +1571,12 @@ impl Device for CudaDevice<'_> {
     fn read_back(&mut self) -> Result<ReadBack, JStop> {
         // After a synchronisation nothing of the candidate runs any more.
         self.sync("reading back")?;
-        let stream = self.be.stream;
         let mut outs = Vec::new();
         for (i, (b, n)) in self.obufs.iter().zip(&self.out_sizes).enumerate() {
             let mut back = vec![0u8; n + 2 * GUARD];
-            // SAFETY: the buffer is this large.
-            unsafe { cu::memcpy_dtoh_async(&mut back, b.ptr, stream) }.map_err(|e| judged(after_run(e, "reading outputs")))?;
-            self.sync("reading outputs")?;
+            self.be
+                .download(&mut back, b.ptr)
+                .map_err(|e| judged(after_run(e, "reading outputs")))?;
             let before = back[..GUARD].iter().any(|x| *x != GUARD_BYTE);
             let after = back[GUARD + n..].iter().any(|x| *x != GUARD_BYTE);
             if before || after {
@@ -1492,11 +1596,11 @@ impl Device for CudaDevice<'_> {
         let mut ins = Vec::new();
         for b in &self.ibufs {
             let mut back = vec![0u8; b.bytes];
-            // SAFETY: the buffer is this large.
-            unsafe { cu::memcpy_dtoh_async(&mut back, b.ptr, stream) }.map_err(|e| judged(after_run(e, "reading inputs")))?;
+            self.be
+                .download(&mut back, b.ptr)
+                .map_err(|e| judged(after_run(e, "reading inputs")))?;
             ins.push(back);
         }
-        self.sync("reading inputs")?;
         Ok((outs, ins))
     }
 

@@ -155,8 +155,75 @@ struct Pool {
     dtype: DType,
     shape: Vec<usize>,
     len: usize,
-    values: Vec<f64>,
+    /// The pool's encoded elements (`len` plus the extra that offsets range over).
     bytes: Vec<u8>,
+}
+
+/// Where a judge's time goes, per step, for diagnosis: with `KSEARCH_JUDGE_PROFILE=<file>` set
+/// in the search's environment, every worker appends one line per workload to that file
+/// (`judge-profile <task> <workload> step=seconds …`). Nothing is measured otherwise.
+mod profile {
+    use std::cell::RefCell;
+    use std::time::Instant;
+
+    thread_local! {
+        static STEPS: RefCell<Option<Vec<(&'static str, f64)>>> = const { RefCell::new(None) };
+    }
+
+    pub fn enabled() -> bool {
+        std::env::var_os("KSEARCH_JUDGE_PROFILE").is_some()
+    }
+
+    /// Start a workload's record.
+    pub fn begin() {
+        if enabled() {
+            STEPS.with(|s| *s.borrow_mut() = Some(Vec::new()));
+        }
+    }
+
+    /// Run `f`, adding its seconds to `step`.
+    pub fn time<T>(step: &'static str, f: impl FnOnce() -> T) -> T {
+        let on = STEPS.with(|s| s.borrow().is_some());
+        if !on {
+            return f();
+        }
+        let t = Instant::now();
+        let r = f();
+        add(step, t);
+        r
+    }
+
+    /// Add the seconds since `t` to `step`.
+    pub fn add(step: &'static str, t: Instant) {
+        let dt = t.elapsed().as_secs_f64();
+        STEPS.with(|s| {
+            if let Some(v) = s.borrow_mut().as_mut() {
+                match v.iter_mut().find(|(n, _)| *n == step) {
+                    Some(e) => e.1 += dt,
+                    None => v.push((step, dt)),
+                }
+            }
+        });
+    }
+
+    /// Append the workload's record to the profile file.
+    pub fn end(task: &str, label: &str) {
+        let Some(steps) = STEPS.with(|s| s.borrow_mut().take()) else {
+            return;
+        };
+        let Some(path) = std::env::var_os("KSEARCH_JUDGE_PROFILE") else {
+            return;
+        };
+        let mut line = format!("judge-profile {task} {label}");
+        for (n, t) in steps {
+            line.push_str(&format!(" {n}={t:.4}"));
+        }
+        line.push('\n');
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
 }
 
 /// Extra pool elements beyond the input: enough distinct windows that runs almost never
@@ -166,7 +233,7 @@ fn pool_extra(n: usize) -> usize {
 }
 
 fn make_pools(task: &Task, backend: ksearch_core::Backend, w: &WorkloadReq) -> Result<Vec<Pool>, String> {
-    let drawn = crate::common::make_inputs_parts(task, backend, std::slice::from_ref(w), 1 << 20, |n| n + pool_extra(n))?;
+    let drawn = crate::common::draw_inputs(task, backend, std::slice::from_ref(w), 1 << 20, |n| n + pool_extra(n), false)?;
     Ok(drawn
         .into_iter()
         .next()
@@ -177,7 +244,6 @@ fn make_pools(task: &Task, backend: ksearch_core::Backend, w: &WorkloadReq) -> R
             name: t.name,
             dtype: t.dtype,
             shape: t.shape,
-            values: t.values,
             bytes: t.bytes,
         })
         .collect())
@@ -219,8 +285,8 @@ fn judge_workload(
     let in_bytes: Vec<usize> = pools.iter().map(|p| p.len * p.dtype.size()).collect();
     let out_bytes: Vec<usize> = outs.iter().map(|(_, n, dt)| n * dt.size()).collect();
     let pool_bytes: Vec<&[u8]> = pools.iter().map(|p| p.bytes.as_slice()).collect();
-    ph.device()?;
-    dev.bind(index, &dims, &pool_bytes, &in_bytes, &out_bytes)?;
+    profile::time("lock", || ph.device())?;
+    profile::time("bind", || dev.bind(index, &dims, &pool_bytes, &in_bytes, &out_bytes))?;
     res.bytes = task.min_bytes(backend, &w.axes).unwrap_or(0.0);
     res.flops = task.flops(&w.axes);
     let floor_s = floor_s(dev.peaks(), res.bytes, res.flops, task.transcendentals(&w.axes));
@@ -236,19 +302,19 @@ fn judge_workload(
             .map(|p| (rng.next_u64() % (pools_extra_of(p) as u64 + 1)) as usize)
             .collect();
         let byte_offsets: Vec<usize> = offsets.iter().zip(&pools).map(|(o, p)| o * p.dtype.size()).collect();
-        dev.stage(&byte_offsets)?;
+        profile::time("stage", || dev.stage(&byte_offsets))?;
         let poisons: Vec<Vec<u8>> = out_types.iter().map(|d| data::random_poison(*d, rng)).collect();
-        dev.poison(&poisons)?;
+        profile::time("poison", || dev.poison(&poisons))?;
         if flush {
-            dev.flush();
+            profile::time("flush", || dev.flush());
         }
         Ok((offsets, poisons))
     };
 
     // 1. A first run, checked at once: a wrong kernel is not timed.
     let (offsets, poisons) = prepare(dev, &mut rng, false)?;
-    *kernel_s += dev.run()?;
-    let (outputs, inputs) = dev.read_back()?;
+    *kernel_s += profile::time("run", || dev.run())?;
+    let (outputs, inputs) = profile::time("read_back", || dev.read_back())?;
     let first = Seen {
         offsets,
         poisons,
@@ -265,10 +331,10 @@ fn judge_workload(
     }
 
     // 2. Warm-up and timed runs, each on fresh inputs and poison.
-    ph.device()?;
+    profile::time("lock", || ph.device())?;
     for _ in 0..timing.warmup {
         prepare(dev, &mut rng, false)?;
-        *kernel_s += dev.run()?;
+        *kernel_s += profile::time("run", || dev.run())?;
     }
     let min_reps = timing.min_reps.max(1);
     let max_reps = timing.max_reps.max(min_reps);
@@ -280,13 +346,13 @@ fn judge_workload(
     loop {
         let rep = samples.len() as u32;
         let (offsets, poisons) = prepare(dev, &mut rng, timing.flush)?;
-        let t = dev.run()?;
+        let t = profile::time("run", || dev.run())?;
         *kernel_s += t;
         spent += t;
         samples.push(t * 1e6);
         let last = samples.len() as u32 >= max_reps || (samples.len() as u32 >= min_reps && spent * 1e3 >= timing.target_ms);
         if rep == spot || last {
-            let (outputs, inputs) = dev.read_back()?;
+            let (outputs, inputs) = profile::time("read_back", || dev.read_back())?;
             seen.push(Seen {
                 offsets,
                 poisons,
@@ -327,7 +393,7 @@ fn judge_workload(
 }
 
 fn pools_extra_of(p: &Pool) -> usize {
-    p.values.len() - p.len
+    p.bytes.len() / p.dtype.size() - p.len
 }
 
 /// Check one run: inputs unchanged, every output element against the reference of exactly
@@ -346,6 +412,7 @@ fn verify(
     // The candidate is stopped and everything it touched is read back: the host work needs
     // no device.
     ph.host();
+    let t_inputs = std::time::Instant::now();
     for ((p, got), off) in pools.iter().zip(&s.inputs).zip(&s.offsets) {
         let sz = p.dtype.size();
         let want = &p.bytes[off * sz..(off + p.len) * sz];
@@ -378,15 +445,19 @@ fn verify(
                 name: p.name.clone(),
                 dtype: p.dtype,
                 shape: p.shape.clone(),
-                values: p.values[*off..off + p.len].to_vec(),
+                // Decoded only where a host reference needs them (`host_reference`).
+                values: Vec::new(),
                 bytes: p.bytes[off * sz..(off + p.len) * sz].to_vec(),
             }
         })
         .collect();
-    ph.device()?;
-    let refs = dev.reference(task, w, &inputs)?;
+    profile::add("inputs", t_inputs);
+    profile::time("lock", || ph.device())?;
+    let refs = profile::time("reference", || dev.reference(task, w, &inputs))?;
     ph.host();
-    let (check, failure) = check_outputs_poisoned(task, backend, &s.outputs, &refs, &s.poisons);
+    let (check, failure) = profile::time("check", || {
+        check_outputs_poisoned(task, backend, &s.outputs, &refs, &s.poisons)
+    });
     res.check = check;
     Ok(failure)
 }
@@ -426,7 +497,8 @@ pub fn judge_request(
         let t = std::time::Instant::now();
         let mut k = 0.0;
         let mut waited = 0.0;
-        let judged = match make_pools(&req.task, req.backend, w) {
+        profile::begin();
+        let judged = match profile::time("draw_pools", || make_pools(&req.task, req.backend, w)) {
             Err(e) => Err(Stop::fail(FailureClass::Infra, e)),
             Ok(pools) => {
                 let mut ph = Phases::new(lock, dev.host_work_disturbs_timing());
@@ -473,6 +545,7 @@ pub fn judge_request(
         }
         kernel_s += k;
         reply.overhead_s += overhead;
+        profile::end(&req.task.name, &w.label);
         progress(&format!("workload {}/{n}", i + 1));
     }
     reply.kernel_s = kernel_s;

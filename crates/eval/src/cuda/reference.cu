@@ -1,7 +1,7 @@
 // Trusted device references for ksearch's CUDA back-end.
 //
-// Deliberately simple: every input arrives as double (the exact values the candidate sees,
-// widened on the host), every output is written as double, and all arithmetic is in
+// Deliberately simple: every input is read as double (the exact values the candidate sees,
+// uploaded in their own encoding and widened by ksref_widen_*), every output is written as double, and all arithmetic is in
 // KSREF_ACC (double unless the back-end says otherwise). They are checked against the host
 // f64 references (ksearch-core::reference) on small workloads by the GPU tests.
 //
@@ -74,6 +74,7 @@ extern "C" __global__ void ksref_rmsnorm(const double* x, const double* w, doubl
 // One warp per query row (b, h, i); 8 warps per block.
 // grid = (ceil(L / 8), B * H), block = 256. Two passes over the keys: the row maximum first,
 // then the exponentials, their sum and the weighted sum of v. D <= 32 * KSREF_MAXD_PER_LANE.
+// (`ksref_attention_tiled` below is the one used for D <= 128; this one for wider heads.)
 #define KSREF_MAXD_PER_LANE 8
 extern "C" __global__ void ksref_attention(const double* q, const double* k, const double* v, double* o, long long L,
                                            long long D, long long causal, long long H, long long Hkv) {
@@ -131,6 +132,112 @@ extern "C" __global__ void ksref_attention(const double* q, const double* k, con
         long long d = lane + 32 * t;
         if (d < D) oi[d] = acc[t] / sum;
     }
+}
+
+// attention, D <= KSREF_TILE_D: the same result in one pass over the keys (online softmax in
+// acc_t), with the block's 8 query rows (same batch and head) sharing each chunk of 32 keys
+// through shared memory. Scores: lane j of a warp takes key j of the chunk and walks D;
+// weighted sum of v: lane d takes output dims d, d + 32, ... Same grid and block as above.
+#define KSREF_TILE_D 128
+#define KSREF_TILE_K 32
+extern "C" __global__ void ksref_attention_tiled(const double* q, const double* k, const double* v, double* o,
+                                                 long long L, long long D, long long causal, long long H,
+                                                 long long Hkv) {
+    __shared__ double ks[KSREF_TILE_K][KSREF_TILE_D + 1];
+    __shared__ double qs[8][KSREF_TILE_D];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    long long i0 = (long long)blockIdx.x * 8;
+    long long i = i0 + wid;
+    long long base = (long long)blockIdx.y * L * D;
+    long long bq = blockIdx.y / H, hq = blockIdx.y % H;
+    long long kvbase = (bq * Hkv + hq / (H / Hkv)) * L * D;
+    bool live = i < L;
+    if (live) {
+        for (long long d = lane; d < D; d += 32) qs[wid][d] = q[base + i * D + d];
+    }
+    acc_t acc[KSREF_TILE_D / 32];
+#pragma unroll
+    for (int t = 0; t < KSREF_TILE_D / 32; ++t) acc[t] = 0;
+    acc_t scale = (acc_t)1 / sqrt((acc_t)D);
+    acc_t m = (acc_t)__longlong_as_double(0xfff0000000000000ULL);  // -inf
+    acc_t sum = 0;
+    long long n = live ? (causal ? i + 1 : L) : 0;
+    // Keys the block needs: up to its last live row's.
+    long long last = i0 + 7 < L ? i0 + 7 : L - 1;
+    long long nblock = causal ? last + 1 : L;
+    for (long long j0 = 0; j0 < nblock; j0 += KSREF_TILE_K) {
+        __syncthreads();
+        for (long long e = threadIdx.x; e < (long long)KSREF_TILE_K * D; e += blockDim.x) {
+            long long r = e / D, d = e % D;
+            ks[r][d] = j0 + r < L ? k[kvbase + (j0 + r) * D + d] : 0.0;
+        }
+        __syncthreads();
+        if (j0 >= n) continue;
+        long long j = j0 + lane;
+        acc_t s = (acc_t)__longlong_as_double(0xfff0000000000000ULL);
+        if (j < n) {
+            acc_t dot = 0;
+            for (long long d = 0; d < D; ++d) dot += (acc_t)qs[wid][d] * (acc_t)ks[lane][d];
+            s = dot * scale;
+        }
+        acc_t cm = s;
+        for (int off = 16; off > 0; off >>= 1) cm = fmax(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+        acc_t mnew = fmax(m, cm);
+        acc_t corr = exp(m - mnew);
+        acc_t p = j < n ? exp(s - mnew) : (acc_t)0;
+        acc_t ps = p;
+        for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+        sum = sum * corr + ps;
+#pragma unroll
+        for (int t = 0; t < KSREF_TILE_D / 32; ++t) acc[t] *= corr;
+        long long cnt = n - j0 < KSREF_TILE_K ? n - j0 : KSREF_TILE_K;
+        for (long long jj = 0; jj < cnt; ++jj) {
+            acc_t pj = __shfl_sync(0xffffffffu, p, (int)jj);
+            const double* vj = v + kvbase + (j0 + jj) * D;
+#pragma unroll
+            for (int t = 0; t < KSREF_TILE_D / 32; ++t) {
+                long long d = lane + 32 * t;
+                if (d < D) acc[t] += pj * (acc_t)vj[d];
+            }
+        }
+        m = mnew;
+    }
+    if (!live) return;
+    double* oi = o + base + i * D;
+#pragma unroll
+    for (int t = 0; t < KSREF_TILE_D / 32; ++t) {
+        long long d = lane + 32 * t;
+        if (d < D) oi[d] = acc[t] / sum;
+    }
+}
+
+// Inputs arrive in the candidate's own encoding and are widened here, exactly (every f16,
+// bf16 and f32 value is a double): a quarter (f16, bf16) or half (f32) of the bytes a host
+// widening would upload.
+extern "C" __global__ void ksref_widen_f16(const unsigned short* x, double* y, long long n) {
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    unsigned h = x[e];
+    unsigned sign = h >> 15, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+    double mag;
+    if (ex == 0) {
+        mag = ldexp((double)man, -24);
+    } else if (ex == 31) {
+        mag = man ? __longlong_as_double(0x7ff8000000000000ULL) : __longlong_as_double(0x7ff0000000000000ULL);
+    } else {
+        mag = ldexp((double)(man | 0x400), (int)ex - 25);
+    }
+    y[e] = sign ? -mag : mag;
+}
+extern "C" __global__ void ksref_widen_bf16(const unsigned short* x, double* y, long long n) {
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    y[e] = (double)__uint_as_float((unsigned)x[e] << 16);
+}
+extern "C" __global__ void ksref_widen_f32(const float* x, double* y, long long n) {
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    y[e] = (double)x[e];
 }
 
 // mamba_scan: u, delta [batch, L, D]; A [D, N]; Bm, Cm [batch, L, N]; Dv [D];
