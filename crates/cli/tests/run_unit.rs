@@ -3,7 +3,10 @@
 //! the search process that started them, even when it is killed mid-candidate, and with their
 //! request channel when a launcher stands between them and the search.
 
+mod quick;
+
 use sha2::Digest;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -313,8 +316,9 @@ fn a_worker_ends_when_its_request_channel_hangs_up_mid_kernel() {
 
 // ----- one driver per run, signals, resume from every phase -----
 
+/// The tasks these runs use: the repository's, the CPU softmax at smaller shapes (`quick`).
 fn tasks_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks")
+    quick::tasks()
 }
 
 /// `ksearch --store STORE --tasks-dir tasks --quiet ARGS` in `dir`.
@@ -345,7 +349,7 @@ fn spawn_run(dir: &Path, store: &Path, rounds: u32) -> std::process::Child {
             "--patience",
             "50",
             "--max-reps",
-            "3",
+            "10",
         ],
     )
     .stdout(Stdio::piped())
@@ -369,9 +373,22 @@ fn wait_for(child: &mut std::process::Child, store: &Path, what: &str, ready: im
         if ready(&purposes(store)) {
             return;
         }
-        assert!(child.try_wait().unwrap().is_none(), "the search ended before {what}");
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut out = String::new();
+            for pipe in [
+                child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read>),
+                child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read>),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let mut p = pipe;
+                let _ = p.read_to_string(&mut out);
+            }
+            panic!("the search ended ({st}) before {what}: {:?}\n{out}", purposes(store));
+        }
         assert!(Instant::now() < deadline, "never reached {what}: {:?}", purposes(store));
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -513,10 +530,10 @@ fn a_run_killed_in_every_phase_resumes_to_the_same_counts() {
     check_whole(&store, 4);
 }
 
-/// `--time-budget 20s` covers the whole invocation, final phase included: the run ends within
+/// `--time-budget 10s` covers the whole invocation, final phase included: the run ends within
 /// 1.5 times its budget plus 5 s (a contract on a busy machine, not a speed figure) and says
-/// that it stopped on its budget. (20 s, not less: with evaluations of about 2 s here, a
-/// shorter budget leaves no room for a round once the final phase's time is kept.)
+/// that it stopped on its budget. (10 s, not less: with evaluations of about 0.5 s here, a
+/// shorter budget leaves little room for a round once the final phase's time is kept.)
 #[test]
 fn the_time_budget_covers_the_final_phase() {
     let d = tempfile::tempdir().unwrap();
@@ -537,7 +554,7 @@ fn the_time_budget_covers_the_final_phase() {
             "--max-reps",
             "3",
             "--time-budget",
-            "20s",
+            "10s",
         ],
     )
     .output()
@@ -545,8 +562,8 @@ fn the_time_budget_covers_the_final_phase() {
     let wall = t.elapsed().as_secs_f64();
     let txt = text(&o);
     assert!(matches!(o.status.code(), Some(0) | Some(1)), "{txt}");
-    assert!(txt.contains("stopped: time budget 20s reached"), "{txt}");
-    assert!(wall <= 1.5 * 20.0 + 5.0, "{wall:.1} s for a 20 s budget: {txt}");
+    assert!(txt.contains("stopped: time budget 10s reached"), "{txt}");
+    assert!(wall <= 1.5 * 10.0 + 5.0, "{wall:.1} s for a 10 s budget: {txt}");
     let row = ksearch_store::Store::open_read_only(&store).unwrap().run(1).unwrap();
     assert!(row.status.starts_with("done"), "{}", row.status);
 }
