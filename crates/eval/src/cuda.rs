@@ -776,6 +776,39 @@ pub struct CudaBackend {
     lock: crate::common::DeviceLock,
     /// Page-locked host memory that read-backs go through (made on first use).
     staging: Option<Pinned>,
+    /// Host buffers the judge is done with, kept for the next read-backs and references: a
+    /// fresh allocation of hundreds of megabytes takes a page fault per 4 KB page on first write.
+    spare_bytes: Vec<Vec<u8>>,
+    spare_f64: Vec<Vec<f64>>,
+}
+
+/// Spare host buffers kept per kind.
+const SPARE_BUFFERS: usize = 8;
+
+/// A buffer of `n` zeroed elements: the smallest spare one that is large enough, or a new one.
+fn take_spare<T: Copy + Default>(spare: &mut Vec<Vec<T>>, n: usize) -> Vec<T> {
+    let best = spare
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| v.capacity() >= n)
+        .min_by_key(|(_, v)| v.capacity())
+        .map(|(i, _)| i);
+    let mut v = match best {
+        Some(i) => spare.swap_remove(i),
+        None => Vec::with_capacity(n),
+    };
+    v.clear();
+    v.resize(n, T::default());
+    v
+}
+
+/// Keep `bufs` for later, at most `SPARE_BUFFERS` of them, the largest.
+fn keep_spare<T>(spare: &mut Vec<Vec<T>>, bufs: Vec<Vec<T>>) {
+    spare.extend(bufs.into_iter().filter(|v| v.capacity() >= 1 << 20));
+    if spare.len() > SPARE_BUFFERS {
+        spare.sort_by_key(|v| std::cmp::Reverse(v.capacity()));
+        spare.truncate(SPARE_BUFFERS);
+    }
 }
 
 /// A page-locked host buffer: device-to-host copies into it run at the link's speed, where a
@@ -888,6 +921,8 @@ impl CudaBackend {
             host_ref_max_flops: HOST_REFERENCE_MAX_FLOPS,
             lock,
             staging: None,
+            spare_bytes: Vec::new(),
+            spare_f64: Vec::new(),
         };
         // Measured while no other worker of the device measures.
         let hold = b.lock.acquire()?;
@@ -1098,7 +1133,7 @@ impl CudaBackend {
         self.sync().map_err(|e| after_run(e, "device reference"))?;
         let mut res = Vec::new();
         for ((_, n, _), b) in outs.iter().zip(&obufs) {
-            let mut v = vec![0.0f64; *n];
+            let mut v = take_spare(&mut self.spare_f64, *n);
             self.download(&mut v, b.ptr).map_err(|e| after_run(e, "reference download"))?;
             res.push(v);
         }
@@ -1573,7 +1608,7 @@ impl Device for CudaDevice<'_> {
         self.sync("reading back")?;
         let mut outs = Vec::new();
         for (i, (b, n)) in self.obufs.iter().zip(&self.out_sizes).enumerate() {
-            let mut back = vec![0u8; n + 2 * GUARD];
+            let mut back = take_spare(&mut self.be.spare_bytes, n + 2 * GUARD);
             self.be
                 .download(&mut back, b.ptr)
                 .map_err(|e| judged(after_run(e, "reading outputs")))?;
@@ -1595,7 +1630,7 @@ impl Device for CudaDevice<'_> {
         }
         let mut ins = Vec::new();
         for b in &self.ibufs {
-            let mut back = vec![0u8; b.bytes];
+            let mut back = take_spare(&mut self.be.spare_bytes, b.bytes);
             self.be
                 .download(&mut back, b.ptr)
                 .map_err(|e| judged(after_run(e, "reading inputs")))?;
@@ -1606,6 +1641,11 @@ impl Device for CudaDevice<'_> {
 
     fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, JStop> {
         self.be.reference(task, w, inputs).map_err(judged)
+    }
+
+    fn recycle(&mut self, bytes: Vec<Vec<u8>>, refs: Vec<Vec<f64>>) {
+        keep_spare(&mut self.be.spare_bytes, bytes);
+        keep_spare(&mut self.be.spare_f64, refs);
     }
 
     /// The judge's host work runs on other cores than the launches it could delay, and the

@@ -71,6 +71,9 @@ pub trait Device {
     fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, Stop> {
         host_reference(task, w, inputs).map_err(|e| Stop::fail(FailureClass::Infra, e))
     }
+    /// Buffers the judge is done with (read-backs, references): a device may keep them for its
+    /// next read-backs and references, whose pages are then already mapped.
+    fn recycle(&mut self, _bytes: Vec<Vec<u8>>, _refs: Vec<Vec<f64>>) {}
     /// The fastest this device can possibly go, for the floor rule.
     fn peaks(&self) -> Peaks;
     /// Does the judge's host work (comparing inputs, preparing references, checking outputs)
@@ -322,7 +325,7 @@ fn judge_workload(
         inputs,
         what: "",
     };
-    if let Some(f) = verify(dev, ph, task, backend, w, &pools, &first, &mut res)? {
+    if let Some(f) = verify(dev, ph, task, backend, w, &pools, first, &mut res)? {
         res.failure = Some(f);
         return Ok(res);
     }
@@ -366,10 +369,11 @@ fn judge_workload(
         }
     }
     // 3. The checked timed runs must be as right as the first one.
-    for s in &seen {
+    for s in seen {
         let mut probe = WorkloadResult::default();
+        let what = s.what;
         if let Some(mut f) = verify(dev, ph, task, backend, w, &pools, s, &mut probe)? {
-            f.message = format!("{}: {}", s.what, f.message);
+            f.message = format!("{what}: {}", f.message);
             res.check = probe.check;
             res.failure = Some(f);
             return Ok(res);
@@ -406,7 +410,7 @@ fn verify(
     backend: ksearch_core::Backend,
     w: &WorkloadReq,
     pools: &[Pool],
-    s: &Seen,
+    s: Seen,
     res: &mut WorkloadResult,
 ) -> Result<Option<Failure>, Stop> {
     // The candidate is stopped and everything it touched is read back: the host work needs
@@ -436,19 +440,17 @@ fn verify(
             }));
         }
     }
+    // The inputs as read back, now known to be exactly the pool windows the run was given.
     let inputs: Vec<HostTensor> = pools
         .iter()
-        .zip(&s.offsets)
-        .map(|(p, off)| {
-            let sz = p.dtype.size();
-            HostTensor {
-                name: p.name.clone(),
-                dtype: p.dtype,
-                shape: p.shape.clone(),
-                // Decoded only where a host reference needs them (`host_reference`).
-                values: Vec::new(),
-                bytes: p.bytes[off * sz..(off + p.len) * sz].to_vec(),
-            }
+        .zip(s.inputs)
+        .map(|(p, bytes)| HostTensor {
+            name: p.name.clone(),
+            dtype: p.dtype,
+            shape: p.shape.clone(),
+            // Decoded only where a host reference needs them (`host_reference`).
+            values: Vec::new(),
+            bytes,
         })
         .collect();
     profile::add("inputs", t_inputs);
@@ -459,6 +461,9 @@ fn verify(
         check_outputs_poisoned(task, backend, &s.outputs, &refs, &s.poisons)
     });
     res.check = check;
+    let mut spent = s.outputs;
+    spent.extend(inputs.into_iter().map(|t| t.bytes));
+    dev.recycle(spent, refs);
     Ok(failure)
 }
 
@@ -491,14 +496,40 @@ pub fn judge_request(
     reply: &mut ksearch_core::protocol::EvalReply,
     lock: &mut crate::common::DeviceLock,
 ) {
+    // Where the judge's host work cannot disturb what the device measures, the next workload's
+    // inputs are drawn while this one is judged.
+    let ahead = !dev.host_work_disturbs_timing();
+    std::thread::scope(|scope| judge_workloads(dev, req, progress, reply, lock, ahead.then_some(scope)));
+}
+
+type Drawn = Result<Vec<Pool>, String>;
+
+fn judge_workloads<'s, 'e: 's>(
+    dev: &mut dyn Device,
+    req: &'e ksearch_core::protocol::EvalRequest,
+    progress: &mut dyn FnMut(&str),
+    reply: &mut ksearch_core::protocol::EvalReply,
+    lock: &mut crate::common::DeviceLock,
+    ahead: Option<&'s std::thread::Scope<'s, 'e>>,
+) {
     let n = req.workloads.len();
     let mut kernel_s = 0.0;
+    let draw = |w: &'e WorkloadReq| -> Option<std::thread::ScopedJoinHandle<'s, Drawn>> {
+        ahead.map(|s| s.spawn(move || make_pools(&req.task, req.backend, w)))
+    };
+    let mut next = req.workloads.first().and_then(draw);
     for (i, w) in req.workloads.iter().enumerate() {
         let t = std::time::Instant::now();
         let mut k = 0.0;
         let mut waited = 0.0;
         profile::begin();
-        let judged = match profile::time("draw_pools", || make_pools(&req.task, req.backend, w)) {
+        let this = next.take();
+        next = req.workloads.get(i + 1).and_then(draw);
+        let drawn = profile::time("draw_pools", || match this {
+            Some(h) => h.join().unwrap_or_else(|_| Err("drawing the inputs failed (a panic)".into())),
+            None => make_pools(&req.task, req.backend, w),
+        });
+        let judged = match drawn {
             Err(e) => Err(Stop::fail(FailureClass::Infra, e)),
             Ok(pools) => {
                 let mut ph = Phases::new(lock, dev.host_work_disturbs_timing());
