@@ -9,7 +9,7 @@
 # One build profile for everything: release, the profile of the README's `cargo run --release`,
 # so the tests and the main job share one build and the workers the tests start are the
 # binary a user runs. The downloads (apt, pip) run while Rust compiles.
-#   1. NVRTC compile check of every shipped CUDA kernel (pip's nvidia-cuda-nvrtc, no GPU);
+#   1. NVRTC compile check of every shipped CUDA kernel (pip's nvidia-cuda-nvrtc, no GPU), beside 2.;
 #   2. the Rust tests: unit, property, snapshot and integration tests (the real binary, real
 #      compiler, real workers, real SQLite, local HTTP servers for the LLM paths, the HTML
 #      report in a headless Chromium; the `export --torch` modules compiled with that NVRTC),
@@ -77,10 +77,16 @@ export KSEARCH_PYTHON KSEARCH_REQUIRE_MLX=1
 export LD_LIBRARY_PATH="$CU13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" KSEARCH_CUDA_INCLUDE="$CU13/include"
 export KSEARCH_REQUIRE_NVRTC=1 KSEARCH_REQUIRE_BROWSER=1 KSEARCH_REQUIRE_SLURM=1
 
-say "NVRTC compile check of the CUDA kernels"
-PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh
-say "NVRTC compile check of the hostile CUDA fixtures (run on the GPU by scripts/hostile-suite.py)"
-PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
+# The NVRTC checks run beside the Rust tests: those wait on processes, servers and clocks for
+# part of their time, and the compiles fill it.
+say "NVRTC compile check of the CUDA kernels and of the hostile CUDA fixtures (in the background; log $LOGS/nvrtc.log)"
+(
+    set -e
+    PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh
+    # The hostile fixtures run on the GPU through scripts/hostile-suite.py.
+    PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
+) >"$LOGS/nvrtc.log" 2>&1 &
+nvrtc_pid=$!
 
 if cargo nextest --version >/dev/null 2>&1; then
     say "Rust tests (cargo nextest, release)"
@@ -92,6 +98,8 @@ else
     cargo test --release --workspace --no-fail-fast
 fi
 
+wait_for "$nvrtc_pid" "the NVRTC compile check" "$LOGS/nvrtc.log"
+say "NVRTC: $(grep -h '^nvrtc-check:' "$LOGS/nvrtc.log" | tr '\n' ' ')"
 say "Slurm launcher on a one-node Slurm (slurm-wlm, munge)"
 bash scripts/slurm-test.sh
 say "Metal sources: rules and syntax"
