@@ -82,7 +82,8 @@ export KSEARCH_REQUIRE_NVRTC=1 KSEARCH_REQUIRE_BROWSER=1 KSEARCH_REQUIRE_SLURM=1
 say "NVRTC compile check of the CUDA kernels and of the hostile CUDA fixtures (in the background; log $LOGS/nvrtc.log)"
 (
     set -e
-    PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh
+    # Every shipped kernel in its default configuration and an even sample of 20 others.
+    PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh --max-configs 20
     # The hostile fixtures run on the GPU through scripts/hostile-suite.py.
     PYTHON=$KSEARCH_PYTHON bash scripts/nvrtc-check.sh --tasks-dir crates/cli/tests/fixtures --task hostile
 ) >"$LOGS/nvrtc.log" 2>&1 &

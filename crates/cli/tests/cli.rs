@@ -105,7 +105,7 @@ fn softmax_search_beats_the_seed_and_passes_held_out() {
     let d = tempfile::tempdir().unwrap();
     let s = d.path().join("s.db");
     let o = ks(&s)
-        .args(["run", "softmax", "--backend", "cpu", "--rounds", "6", "--max-reps", "5"])
+        .args(["run", "softmax", "--backend", "cpu", "--rounds", "4", "--max-reps", "5"])
         .output()
         .unwrap();
     let out = stdout(&o);

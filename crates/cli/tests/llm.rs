@@ -2,6 +2,7 @@
 //! scripted OpenAI-compatible server on 127.0.0.1 standing in for the planner and coder models.
 //! No timing assertions: "faster" is the run's own measured speed-up in the store.
 
+mod quick;
 mod support;
 
 use assert_cmd::Command;
@@ -42,6 +43,25 @@ fn rand_name() -> String {
     format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
 }
 
+thread_local! {
+    /// Set by the tests whose subject is the LLM plumbing alone (they accept a run with or
+    /// without a result): their runs search the quick tasks (`quick`), the CPU softmax at an
+    /// eighth of its elements. The others, which assert a speed-up, search the real shapes.
+    static QUICK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// This test's runs search the quick tasks.
+fn plumbing_only() {
+    QUICK.with(|q| q.set(true));
+}
+
+/// `--tasks-dir` of the quick tasks where this test asked for them.
+fn tasks_for_this_test(c: &mut Command) {
+    if QUICK.with(|q| q.get()) {
+        c.arg("--tasks-dir").arg(quick::tasks());
+    }
+}
+
 fn ks(store: &Path, cfg: &Path) -> Command {
     let mut c = Command::cargo_bin("ksearch").unwrap();
     c.current_dir(repo())
@@ -54,6 +74,7 @@ fn ks(store: &Path, cfg: &Path) -> Command {
         .arg(cfg)
         .arg("--quiet")
         .timeout(Duration::from_secs(240));
+    tasks_for_this_test(&mut c);
     c
 }
 
@@ -501,6 +522,7 @@ fn a_differently_behaving_server_needs_only_configuration() {
 /// header carries the key.
 #[test]
 fn a_secret_reaches_no_prompt_no_store_byte_and_no_terminal_line() {
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     let store = d.path().join("s.db");
     let srv = Server::new(move |r: &Req, _i| match r.kind {
@@ -560,6 +582,7 @@ fn ks_loud(store: &Path, cfg: &Path) -> Command {
         .arg("--config")
         .arg(cfg)
         .timeout(Duration::from_secs(240));
+    tasks_for_this_test(&mut c);
     c
 }
 
@@ -676,6 +699,7 @@ fn a_refused_key_stops_the_run_with_exit_2_and_names_the_variable() {
 
 #[test]
 fn a_remote_base_url_without_a_key_is_warned_about() {
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     // Nothing is sent: the budget allows no call.
     let cfg = plain_config(d.path(), "https://llm.example.com/v1", "");
@@ -782,6 +806,7 @@ fn a_server_that_rejects_every_structured_mode_gets_plain_text() {
 /// continues it.
 #[test]
 fn a_hung_server_cannot_outlast_the_time_budget() {
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     let srv = Server::new(|_, _| Reply::Hang(Duration::from_secs(600)));
     let cfg = plain_config(d.path(), &srv.base_url(), "timeout_s = 300.0\nmax_retries = 4");
@@ -814,6 +839,7 @@ fn a_hung_server_cannot_outlast_the_time_budget() {
 /// the offline planner's actions each round and the run goes on to its last round.
 #[test]
 fn a_garbage_server_falls_back_to_the_offline_planner_and_the_run_goes_on() {
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     let srv = Server::new(|_, _| Reply::Http {
         status: 200,
@@ -851,6 +877,7 @@ fn a_garbage_server_falls_back_to_the_offline_planner_and_the_run_goes_on() {
 /// retry is one line on stderr, hidden by -q, and RUST_LOG shows more.
 #[test]
 fn retries_and_fallbacks_are_one_visible_line_each() {
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     let srv = Server::new(|r, i| match (r.kind, i) {
         (Kind::Init, 0) => Reply::status(503, vec![], json!({"error": {"message": "model is loading"}})),
@@ -948,6 +975,7 @@ fn with_finish(content: &str, finish: &str) -> Reply {
 /// attempts and latency.
 #[test]
 fn provenance_is_recorded_truly() {
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     // A coder whose first reply is cut at the token limit.
     let srv = Server::new(|r, i| match r.kind {
