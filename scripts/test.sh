@@ -55,8 +55,9 @@ py_pid=$!
 
 # --- the build ------------------------------------------------------------------------------------
 say "build (release) of ksearch and every test"
+# This also builds target/release/ksearch, the binary the integration tests run (a separate
+# `cargo build -p ksearch` would compile it once more, with the test build's feature set told apart).
 cargo test --release --workspace --no-run -q
-cargo build --release -q -p ksearch
 export KSEARCH_BIN=$PWD/target/release/ksearch
 [[ -x $KSEARCH_BIN ]] || { echo "error: the build did not produce $KSEARCH_BIN" >&2; exit 1; }
 
