@@ -56,7 +56,7 @@ py_pid=$!
 # --- the build ------------------------------------------------------------------------------------
 say "build (release) of ksearch and every test"
 # This also builds target/release/ksearch, the binary the integration tests run (a separate
-# `cargo build -p ksearch` would compile it once more, with the test build's feature set told apart).
+# `cargo build -p ksearch` would compile it once more: cargo tells the two builds apart).
 cargo test --release --workspace --no-run -q
 export KSEARCH_BIN=$PWD/target/release/ksearch
 [[ -x $KSEARCH_BIN ]] || { echo "error: the build did not produce $KSEARCH_BIN" >&2; exit 1; }
