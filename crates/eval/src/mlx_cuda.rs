@@ -147,23 +147,8 @@ pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut 
                     let arch = unit_arch(arch, k);
                     let opts = nvrtc_options(&arch, &candidate_defines(task, &c), &unit_flags());
                     let file = k.file.rsplit('/').next().unwrap_or(&k.file);
-                    match nvrtc_compile(&k.source, file, &opts) {
-                        Ok((_, log)) => {
-                            let r = parse_ptxas(&log);
-                            report(&format!(
-                                "ok    {label} {arch} ({} regs, {} B smem, spills {}/{})",
-                                r.registers.unwrap_or(0),
-                                r.shared_bytes.unwrap_or(0),
-                                r.spill_stores.unwrap_or(0),
-                                r.spill_loads.unwrap_or(0)
-                            ));
-                        }
-                        Err(e) => {
-                            failed += 1;
-                            let e: Vec<&str> = e.lines().take(30).collect();
-                            report(&format!("FAIL  {label}:\n      {}", e.join("\n      ")));
-                        }
-                    }
+                    let compiled = nvrtc_compile(&k.source, file, &opts);
+                    failed += usize::from(!report_compile(report, &label, &arch, compiled));
                 }
                 continue;
             }
@@ -186,29 +171,36 @@ pub fn nvrtc_check(tasks: &[Task], arch: &str, max_configs: usize, report: &mut 
                     };
                     let src = wrap(&header, &body, sig, &template, &task.constants);
                     let opts = nvrtc_options(arch, &[], &[]);
-                    match nvrtc_compile(&src, &format!("{}.cu", sig.entry), &opts) {
-                        Ok((_, log)) => {
-                            let r = parse_ptxas(&log);
-                            report(&format!(
-                                "ok    {label} {} ({} regs, {} B smem, spills {}/{})",
-                                sig.entry,
-                                r.registers.unwrap_or(0),
-                                r.shared_bytes.unwrap_or(0),
-                                r.spill_stores.unwrap_or(0),
-                                r.spill_loads.unwrap_or(0)
-                            ));
-                        }
-                        Err(e) => {
-                            failed += 1;
-                            let e: Vec<&str> = e.lines().take(30).collect();
-                            report(&format!("FAIL  {label} {}:\n      {}", sig.entry, e.join("\n      ")));
-                        }
-                    }
+                    let compiled = nvrtc_compile(&src, &format!("{}.cu", sig.entry), &opts);
+                    failed += usize::from(!report_compile(report, &label, &sig.entry, compiled));
                 }
             }
         }
     }
     (n, failed)
+}
+
+/// One line for a compile: `ok    LABEL WHAT (resources)`, or `FAIL  LABEL WHAT:` and the
+/// first 30 lines of the log. True when it compiled.
+fn report_compile(report: &mut dyn FnMut(&str), label: &str, what: &str, compiled: Result<(Vec<u8>, String), String>) -> bool {
+    match compiled {
+        Ok((_, log)) => {
+            let r = parse_ptxas(&log);
+            report(&format!(
+                "ok    {label} {what} ({} regs, {} B smem, spills {}/{})",
+                r.registers.unwrap_or(0),
+                r.shared_bytes.unwrap_or(0),
+                r.spill_stores.unwrap_or(0),
+                r.spill_loads.unwrap_or(0)
+            ));
+            true
+        }
+        Err(e) => {
+            let e: Vec<&str> = e.lines().take(30).collect();
+            report(&format!("FAIL  {label} {what}:\n      {}", e.join("\n      ")));
+            false
+        }
+    }
 }
 
 #[cfg(test)]
