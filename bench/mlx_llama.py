@@ -10,9 +10,10 @@ The model: `mlx_lm.models.llama.Model` with random f16 weights, hidden 2048, 16 
 heads on 8 key/value heads (GQA 4:1), head_dim 128, MLP 5632, vocab 32000 (TinyLlama-1.1B's
 widths with 16 layers and 8 KV heads; 1.0 B parameters, 2 GB in f16, lm_head untied): at L = 4096
 the causal attention is about a quarter of a layer's prefill FLOPs (2*H*D*L = 34 M per token
-against 2 * 56 M for the linear layers), enough for a faster kernel to show end to end; the head size 128 is the kernel's main
-shape class. The kernel (without --module) is tasks/attention/task.toml's mlx-cuda `flash_wgmma` at
-its default tunables (HD = D per call), as bench/mlx_attention.py builds it.
+against 2 * 56 M for the linear layers), enough for a faster kernel to show end to end; the
+head size 128 is the kernel's main shape class. The kernel (without --module) is
+tasks/attention/task.toml's mlx-cuda `flash_wgmma` at its default tunables (HD = D per call), as
+bench/mlx_attention.py builds it.
 
 Measured, one process, stock and patched interleaved per repetition (the patch is toggled on the
 class):
