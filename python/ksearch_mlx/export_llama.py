@@ -18,13 +18,14 @@ import mlx.core as mx
 
 # The shortest query length (prompt chunk) that runs the searched kernel; shorter ones, decode
 # (one token) among them, run mlx-lm's stock attention (mx.fast.scaled_dot_product_attention).
-# How it was chosen: on the H200 (2026-12-03, bench/h200-2026-12-03-mlx-attention.txt) the wgmma
-# kernel was slower than SDPA at every shape measured, 0.78-0.92x at L = 513..3072 and 0.23-0.63x
-# at L = 1; its fixed cost (a launch through mx.fast.precompiled_cuda_kernel and contiguous
-# copies of q, k, v) weighs most on short prompts, so 1024 keeps it to long prefill only. No
-# length has been measured where it wins: pass the min_len that `bench/mlx_llama.py` reports
-# for your model (the shortest length from which the kernel beat SDPA at its attention shape),
-# or a huge one to keep stock everywhere.
+# How it was chosen: on the H200 (2026-12-03, bench/h200-2026-12-03-mlx-attention.txt) the
+# task.toml wgmma kernel at its default tunables was slower than SDPA at every shape measured:
+# 0.83-0.92x one call at a time and 0.65-0.79x with 16 calls queued at L = 513..3072, 0.63x and
+# 0.26x at L = 1. Its fixed cost (a launch through mx.fast.precompiled_cuda_kernel, contiguous
+# copies of q, k and v) weighs most on short prompts, so 1024 keeps it to long prefill only; it
+# is not a measured crossover, since no length has been measured where this kernel wins. Pass
+# the min_len that `bench/mlx_llama.py` suggests for your kernel and model (the shortest length
+# from which the kernel beat SDPA at the model's attention shape), or a huge one for stock.
 LLAMA_MIN_LEN = 1024
 
 
