@@ -12,7 +12,7 @@
 # with three runs of 70 s.
 set -u
 cd "$(dirname "$0")/.."
-export KSEARCH_TASKS=$PWD/tasks KSEARCH_KB=$PWD/kb
+export KSEARCH_TASKS=${KSEARCH_TASKS:-$PWD/tasks} KSEARCH_KB=${KSEARCH_KB:-$PWD/kb}
 OUTDIR=${OUT:-/tmp/ksearch-eval-rate}
 mkdir -p "$OUTDIR"
 B=${BUDGET:-70s}

@@ -20,20 +20,53 @@ impl Rng {
         Rng([next(), next(), next(), next()])
     }
     pub fn next_u64(&mut self) -> u64 {
-        let s = &mut self.0;
-        let r = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = s[3].rotate_left(45);
+        let r = self.0[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        step_state(&mut self.0);
         r
+    }
+    /// Skip `n` outputs: the generator is where `n` calls of [`Rng::next_u64`] would leave it,
+    /// in O(log n) steps instead of n. The state transition is linear over GF(2), so `n` steps
+    /// are the product of precomputed powers T^(2^i) of the one-step matrix T for the bits of
+    /// `n`; this lets parallel parts of one long stream start where they begin.
+    pub fn advance(&mut self, n: u64) {
+        if n < 64 {
+            // Short skips: stepping is cheaper than 256-column products.
+            for _ in 0..n {
+                step_state(&mut self.0);
+            }
+            return;
+        }
+        let powers = jump_powers();
+        for (i, m) in powers.iter().enumerate() {
+            if n >> i & 1 == 1 {
+                self.0 = m.apply(&self.0);
+            }
+        }
     }
     /// Uniform in [0, 1).
     pub fn uniform(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+    /// Uniform in [0, 1) with f32's 24 bits.
+    pub fn uniform_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 * (1.0 / (1u32 << 24) as f32)
+    }
+    /// Two independent standard normals from two outputs (Box-Muller: `r cos t`, `r sin t`),
+    /// in f64 arithmetic when `wide`, else in f32 (returned widened).
+    pub fn normal_pair(&mut self, wide: bool) -> (f64, f64) {
+        if wide {
+            let u1 = 1.0 - self.uniform();
+            let u2 = self.uniform();
+            let r = (-2.0 * u1.ln()).sqrt();
+            let (s, c) = (std::f64::consts::TAU * u2).sin_cos();
+            (r * c, r * s)
+        } else {
+            let u1 = 1.0 - self.uniform_f32();
+            let u2 = self.uniform_f32();
+            let r = (-2.0 * u1.ln()).sqrt();
+            let (s, c) = (std::f32::consts::TAU * u2).sin_cos();
+            ((r * c) as f64, (r * s) as f64)
+        }
     }
     pub fn normal(&mut self) -> f64 {
         // Box-Muller; 1 - u keeps the logarithm finite.
@@ -41,6 +74,66 @@ impl Rng {
         let u2 = self.uniform();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
+}
+
+/// One step of xoshiro256**'s state (its output aside): linear over GF(2).
+fn step_state(s: &mut [u64; 4]) {
+    let t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = s[3].rotate_left(45);
+}
+
+/// A linear map of the 256-bit state, by its columns: `cols[j]` is the image of bit `j`.
+struct BitMatrix(Box<[[u64; 4]; 256]>);
+
+impl BitMatrix {
+    fn apply(&self, v: &[u64; 4]) -> [u64; 4] {
+        let mut out = [0u64; 4];
+        for (w, &word) in v.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                let c = &self.0[w * 64 + b];
+                for (o, x) in out.iter_mut().zip(c) {
+                    *o ^= x;
+                }
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+    /// `self` applied twice.
+    fn squared(&self) -> BitMatrix {
+        let mut cols = Box::new([[0u64; 4]; 256]);
+        for (j, c) in cols.iter_mut().enumerate() {
+            *c = self.apply(&self.0[j]);
+        }
+        BitMatrix(cols)
+    }
+}
+
+/// T^(2^i) for i in 0..64, T the one-step state transition; made once per process (~10 ms).
+fn jump_powers() -> &'static [BitMatrix] {
+    static POWERS: std::sync::OnceLock<Vec<BitMatrix>> = std::sync::OnceLock::new();
+    POWERS.get_or_init(|| {
+        let mut cols = Box::new([[0u64; 4]; 256]);
+        for (j, c) in cols.iter_mut().enumerate() {
+            let mut s = [0u64; 4];
+            s[j / 64] = 1u64 << (j % 64);
+            step_state(&mut s);
+            *c = s;
+        }
+        let mut powers = vec![BitMatrix(cols)];
+        for _ in 1..64 {
+            let next = powers.last().expect("one power at least").squared();
+            powers.push(next);
+        }
+        powers
+    })
 }
 
 /// Derive a per-tensor seed from an evaluation seed and the tensor's index.
@@ -51,16 +144,67 @@ pub fn sub_seed(seed: u64, index: usize) -> u64 {
 /// `n` values drawn from `init`, already rounded to what `dtype` can hold (so the reference
 /// sees exactly the values the kernel sees).
 pub fn draw(init: &Init, dtype: DType, n: usize, seed: u64) -> Vec<f64> {
+    let mut vals = vec![0.0; n];
+    let mut bytes = vec![0u8; n * dtype.size()];
+    draw_range(init, dtype, seed, 0, &mut bytes, Some(&mut vals));
+    vals
+}
+
+/// The stream [`draw`] makes, from position `start` on: the values at `start..start + n`
+/// encoded into `bytes` (n = the elements it holds) and, when given, stored into `kept` as
+/// the dtype holds them. Parts of one stream can be drawn in parallel: a part starts by
+/// skipping ahead ([`Rng::advance`]), so the stream does not depend on how it is cut.
+///
+/// Normal values come in Box-Muller pairs: position 2q is `r cos t`, position 2q + 1 is
+/// `r sin t`, from the generator's outputs 2q and 2q + 1. Values for f16, bf16 and f32
+/// tensors are computed in f32 (as the MLX worker draws them), f64 and i32 ones in f64.
+pub fn draw_range(init: &Init, dtype: DType, seed: u64, start: usize, bytes: &mut [u8], mut kept: Option<&mut [f64]>) {
     let mut rng = Rng::new(seed);
-    (0..n)
-        .map(|_| {
-            let v = match *init {
-                Init::Normal { mean, std } => mean + std * rng.normal(),
-                Init::Uniform { lo, hi } => lo + (hi - lo) * rng.uniform(),
-            };
-            round_to(v, dtype)
-        })
-        .collect()
+    let size = dtype.size();
+    let wide = matches!(dtype, DType::F64 | DType::I32);
+    match *init {
+        Init::Uniform { lo, hi } => {
+            rng.advance(start as u64);
+            for (i, b) in bytes.chunks_exact_mut(size).enumerate() {
+                let v = if wide {
+                    lo + (hi - lo) * rng.uniform()
+                } else {
+                    (lo as f32 + (hi - lo) as f32 * rng.uniform_f32()) as f64
+                };
+                let stored = encode_into(v, dtype, b);
+                if let Some(k) = kept.as_deref_mut() {
+                    k[i] = stored;
+                }
+            }
+        }
+        Init::Normal { mean, std } => {
+            // Two generator outputs per pair of values.
+            rng.advance((start / 2 * 2) as u64);
+            let mut pending: Option<f64> = None;
+            if start % 2 == 1 {
+                pending = Some(rng.normal_pair(wide).1);
+            }
+            for (i, b) in bytes.chunks_exact_mut(size).enumerate() {
+                let z = match pending.take() {
+                    Some(z) => z,
+                    None => {
+                        let (c, s) = rng.normal_pair(wide);
+                        pending = Some(s);
+                        c
+                    }
+                };
+                let v = if wide {
+                    mean + std * z
+                } else {
+                    (mean as f32 + std as f32 * z as f32) as f64
+                };
+                let stored = encode_into(v, dtype, b);
+                if let Some(k) = kept.as_deref_mut() {
+                    k[i] = stored;
+                }
+            }
+        }
+    }
 }
 
 pub fn round_to(v: f64, dtype: DType) -> f64 {
@@ -70,6 +214,37 @@ pub fn round_to(v: f64, dtype: DType) -> f64 {
         DType::Bf16 => half::bf16::from_f64(v).to_f64(),
         DType::F64 => v,
         DType::I32 => v.round(),
+    }
+}
+
+/// Encode one value into `out` (its `dtype.size()` little-endian bytes) and return the value
+/// as stored: `encode(&[round_to(v, dtype)], dtype)` and `round_to(v, dtype)` in one conversion.
+pub fn encode_into(v: f64, dtype: DType, out: &mut [u8]) -> f64 {
+    match dtype {
+        DType::F32 => {
+            let x = v as f32;
+            out.copy_from_slice(&x.to_le_bytes());
+            x as f64
+        }
+        DType::F16 => {
+            let x = half::f16::from_f64(v);
+            out.copy_from_slice(&x.to_le_bytes());
+            x.to_f64()
+        }
+        DType::Bf16 => {
+            let x = half::bf16::from_f64(v);
+            out.copy_from_slice(&x.to_le_bytes());
+            x.to_f64()
+        }
+        DType::F64 => {
+            out.copy_from_slice(&v.to_le_bytes());
+            v
+        }
+        DType::I32 => {
+            let r = v.round();
+            out.copy_from_slice(&(r as i32).to_le_bytes());
+            r
+        }
     }
 }
 
@@ -225,6 +400,65 @@ pub fn check_with_poison(out: &[u8], dtype: DType, reference: &[f64], tol: Toler
 #[cfg(test)]
 mod tests {
     use super::*;
+    /// The stream does not depend on where parts of it start (odd starts split a Box-Muller
+    /// pair), and its values have the distribution the task asks for.
+    #[test]
+    fn draws_are_one_stream_with_the_asked_distribution() {
+        for (init, dtype) in [
+            (Init::Normal { mean: 0.5, std: 2.0 }, DType::F16),
+            (Init::Normal { mean: 0.0, std: 1.0 }, DType::F64),
+            (Init::Uniform { lo: -1.0, hi: 3.0 }, DType::Bf16),
+            (Init::Uniform { lo: -4.0, hi: 4.0 }, DType::I32),
+        ] {
+            let n = 200_001;
+            let whole = draw(&init, dtype, n, 99);
+            for (start, len) in [(0, 10), (1, 9), (7, 1000), (123_457, 3)] {
+                let mut bytes = vec![0u8; len * dtype.size()];
+                let mut kept = vec![0.0; len];
+                draw_range(&init, dtype, 99, start, &mut bytes, Some(&mut kept));
+                assert_eq!(kept, whole[start..start + len], "{init:?} {dtype:?} from {start}");
+                assert_eq!(bytes, encode(&kept, dtype));
+            }
+            let mean = whole.iter().sum::<f64>() / n as f64;
+            let var = whole.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+            let (want_mean, want_var) = match init {
+                Init::Normal { mean, std } => (mean, std * std),
+                Init::Uniform { lo, hi } if dtype == DType::I32 => ((lo + hi) / 2.0, (hi - lo).powi(2) / 12.0 + 1.0 / 12.0),
+                Init::Uniform { lo, hi } => ((lo + hi) / 2.0, (hi - lo).powi(2) / 12.0),
+            };
+            assert!(
+                (mean - want_mean).abs() < 0.02 * want_var.sqrt().max(1.0),
+                "{init:?}: mean {mean}"
+            );
+            assert!(
+                (var / want_var - 1.0).abs() < 0.03,
+                "{init:?}: variance {var} against {want_var}"
+            );
+            if let Init::Uniform { lo, hi } = init {
+                assert!(whole.iter().all(|v| (lo..=hi).contains(v)), "{init:?}: a value outside");
+            }
+        }
+    }
+    #[test]
+    fn advance_lands_where_stepping_does() {
+        for n in [0u64, 1, 63, 64, 65, 1000, 4097, 123_457] {
+            let mut stepped = Rng::new(0xC0FFEE ^ n);
+            for _ in 0..n {
+                stepped.next_u64();
+            }
+            let mut jumped = Rng::new(0xC0FFEE ^ n);
+            jumped.advance(n);
+            let a: Vec<u64> = (0..8).map(|_| stepped.next_u64()).collect();
+            let b: Vec<u64> = (0..8).map(|_| jumped.next_u64()).collect();
+            assert_eq!(a, b, "advance({n})");
+        }
+        // Jumps compose: 2^40 in two halves equals 2^40 at once.
+        let (mut x, mut y) = (Rng::new(5), Rng::new(5));
+        x.advance(1 << 40);
+        y.advance(1 << 39);
+        y.advance(1 << 39);
+        assert_eq!(x.next_u64(), y.next_u64());
+    }
     #[test]
     fn rng_is_deterministic_and_spread() {
         let a: Vec<u64> = (0..4)

@@ -183,29 +183,6 @@ pub fn make_inputs_parallel(
     make_inputs_parts(task, backend, ws, 1 << 20, |n| n)
 }
 
-/// Fills `out` with the values `ksearch_core::data::draw` returns at positions
-/// `start..start + out.len()` of the stream seeded by `seed`.
-fn draw_part(init: &ksearch_core::task::Init, dtype: ksearch_core::task::DType, seed: u64, start: usize, out: &mut [f64]) {
-    use ksearch_core::data::{Rng, round_to};
-    use ksearch_core::task::Init;
-    let mut rng = Rng::new(seed);
-    // Generator steps per value, as `draw` consumes them (Box-Muller: two uniforms per normal).
-    let per = match init {
-        Init::Normal { .. } => 2,
-        Init::Uniform { .. } => 1,
-    };
-    for _ in 0..start * per {
-        rng.next_u64();
-    }
-    for x in out.iter_mut() {
-        let v = match *init {
-            Init::Normal { mean, std } => mean + std * rng.normal(),
-            Init::Uniform { lo, hi } => lo + (hi - lo) * rng.uniform(),
-        };
-        *x = round_to(v, dtype);
-    }
-}
-
 /// [`make_inputs_parallel`] with parts of at least `min_part` elements (tests force small parts)
 /// and `len(n)` values drawn for a tensor of `n` elements (longer for the judge's pools; the
 /// first `n` are the same either way).
@@ -293,20 +270,7 @@ pub fn draw_inputs(
             let j = &jobs[k];
             let t = &task.inputs[j.ti];
             let dtype = task.dtype_on(backend, t);
-            let mut scratch = Vec::new();
-            let vs: &mut [f64] = match kept {
-                Some(v) => v,
-                None => {
-                    scratch.resize(bs.len() / dtype.size(), 0.0);
-                    &mut scratch
-                }
-            };
-            draw_part(&t.init, dtype, j.seed, start, vs);
-            // Encoded in cache-sized pieces, straight into the tensor's bytes.
-            const PIECE: usize = 1 << 14;
-            for (v, b) in vs.chunks(PIECE).zip(bs.chunks_mut(PIECE * dtype.size())) {
-                b.copy_from_slice(&data::encode(v, dtype));
-            }
+            data::draw_range(&t.init, dtype, j.seed, start, bs, kept);
         };
         if threads == 1 || work.len() <= 1 {
             work.into_iter().for_each(fill);

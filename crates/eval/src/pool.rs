@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use ksearch_core::Backend;
 use ksearch_core::protocol::{EvalReply, EvalRequest, FailureClass};
 
 use crate::supervisor::Supervisor;
@@ -58,11 +59,12 @@ impl Accounting {
     /// One line for a run's summary.
     pub fn line(&self, wall_s: f64) -> String {
         format!(
-            "evaluations: {} in {:.1} s, {:.1}/min; overhead {:.1}% (compile {:.1} s, device {:.1} s, lock wait {:.1} s, summed over workers)",
+            "evaluations: {} in {:.1} s, {:.1}/min; overhead {:.1}% ({:.1} s between the pool's calls; compile {:.1} s, device {:.1} s, lock wait {:.1} s, summed over workers)",
             self.evaluations,
             wall_s,
             self.per_minute(wall_s),
             100.0 * self.overhead(wall_s),
+            (wall_s - self.batch_s).max(0.0),
             self.compile_s,
             self.device_s,
             self.lock_wait_s
@@ -91,6 +93,20 @@ impl Pool {
 
     pub fn len(&self) -> usize {
         self.workers.len()
+    }
+
+    /// How many requests to hand the pool at once so that its devices stay busy. On CUDA the
+    /// judge lets the device lock go for its host work (drawing inputs, checking outputs), so
+    /// two requests per worker: a worker compiles and draws the inputs of its second request
+    /// while the device measures another worker's first, instead of every worker starting its
+    /// request at the same moment and the device waiting for the first of them. Elsewhere the
+    /// host work holds the lock (it would disturb the timings) or is not measured: one each.
+    pub fn in_flight(&self) -> usize {
+        let per_worker = match self.workers.first().and_then(|w| w.backend.parse::<Backend>().ok()) {
+            Some(Backend::Cuda) => 2,
+            Some(Backend::Cpu | Backend::MlxCuda | Backend::MlxMetal) | None => 1,
+        };
+        self.workers.len().max(1) * per_worker
     }
     pub fn is_empty(&self) -> bool {
         self.workers.is_empty()
@@ -191,5 +207,40 @@ impl Pool {
             .zip(reqs)
             .map(|(r, q)| r.unwrap_or_else(|| EvalReply::failed(q.id, FailureClass::Infra, "supervisor thread panicked")))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::{Limits, WorkerSpec};
+    use std::time::Duration;
+
+    fn said(backend: &str) -> Supervisor {
+        let spec = WorkerSpec {
+            program: "ksearch".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+        };
+        let limits = Limits {
+            compile_timeout: Duration::from_secs(1),
+            run_timeout: Duration::from_secs(1),
+            mem_limit_bytes: 1 << 30,
+        };
+        let mut s = Supervisor::new(spec, limits);
+        s.backend = backend.to_string();
+        s
+    }
+
+    /// CUDA workers leave the device lock for their host work: two requests each keep the
+    /// device busy. The CPU's (lock held throughout) and unstarted workers take one each.
+    #[test]
+    fn requests_in_flight_follow_the_back_end() {
+        let pool = |b: &str, n: usize| Pool::new((0..n).map(|_| said(b)).collect());
+        assert_eq!(pool("cuda", 3).in_flight(), 6);
+        assert_eq!(pool("cpu", 3).in_flight(), 3);
+        assert_eq!(pool("mlx-cuda", 2).in_flight(), 2);
+        assert_eq!(pool("", 2).in_flight(), 2);
+        assert_eq!(pool("cuda", 0).in_flight(), 1);
     }
 }

@@ -1,7 +1,6 @@
 //! Static checks run on every candidate before it is compiled. A rejection cites the rule id:
 //! `rule apple.threadgroup-32k: threadgroup memory 40960 B exceeds 32768 B on m3-max (line 7)`.
 
-use regex::Regex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -293,7 +292,7 @@ fn run_rule(
             if max <= 1 {
                 return;
             }
-            let re = Regex::new(r"(__launch_bounds__|max_total_threads_per_threadgroup)\s*\(\s*([^,)]+)").unwrap();
+            let re = crate::cached_regex(r"(__launch_bounds__|max_total_threads_per_threadgroup)\s*\(\s*([^,)]+)");
             for c in re.captures_iter(clean) {
                 let m = c.get(0).unwrap();
                 if let Some(n) = eval(&c[2], env)
@@ -353,7 +352,7 @@ fn run_rule(
             }
         }
         "mlx-signature" if lang.is_body() => {
-            let re = Regex::new(r"\[\[\s*kernel|\bkernel\s+void\b|__global__|\[\[\s*buffer\s*\(").unwrap();
+            let re = crate::cached_regex(r"\[\[\s*kernel|\bkernel\s+void\b|__global__|\[\[\s*buffer\s*\(");
             if let Some(m) = re.find(clean) {
                 out.push(violation(
                     rule,
@@ -363,7 +362,7 @@ fn run_rule(
             }
         }
         "mlx-include" if lang.is_body() => {
-            let re = Regex::new(r"(?m)^\s*#\s*include\b").unwrap();
+            let re = crate::cached_regex(r"(?m)^\s*#\s*include\b");
             if let Some(m) = re.find(clean) {
                 out.push(violation(
                     rule,
@@ -373,8 +372,8 @@ fn run_rule(
             }
         }
         "mlx-bounds-check" if lang.is_body() => {
-            let uses = Regex::new(r"\bthread_position_in_grid\b|\bblockIdx\b|\bthreadIdx\b").unwrap();
-            let guard = Regex::new(r"\b(?:if|while)\s*\([^;{]*[<>]|\bfor\s*\([^;]*;[^;]*[<>]|\bmin\s*\(|[<>]=?[^;?]*\?").unwrap();
+            let uses = crate::cached_regex(r"\bthread_position_in_grid\b|\bblockIdx\b|\bthreadIdx\b");
+            let guard = crate::cached_regex(r"\b(?:if|while)\s*\([^;{]*[<>]|\bfor\s*\([^;]*;[^;]*[<>]|\bmin\s*\(|[<>]=?[^;?]*\?");
             if let Some(m) = uses.find(clean)
                 && !guard.is_match(clean)
             {
@@ -434,7 +433,7 @@ fn find_token(clean: &str, tok: &str) -> Option<(usize, String)> {
     } else {
         pat.push_str(suffix);
     }
-    let re = Regex::new(&pat).ok()?;
+    let re = crate::try_cached_regex(&pat)?;
     // `::name` (a qualified name such as `std::printf` handled by its own token) is not a bare call
     re.find_iter(clean).find(|m| !clean[..m.start()].ends_with('.')).map(|m| {
         let found = m
@@ -495,11 +494,10 @@ pub(crate) fn strip_comments_and_strings(src: &str) -> String {
 /// `constant` integer declarations, in source order (a given define wins over `#define`).
 fn constants(clean: &str, given: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
     let mut env = given.clone();
-    let def = Regex::new(r"^\s*#\s*define\s+([A-Za-z_]\w*)\s+(.+?)\s*$").unwrap();
-    let decl = Regex::new(
+    let def = crate::cached_regex(r"^\s*#\s*define\s+([A-Za-z_]\w*)\s+(.+?)\s*$");
+    let decl = crate::cached_regex(
         r"\b(?:static\s+)?(?:constexpr|const|constant)\s+(?:static\s+)?(?:constexpr\s+)?(?:unsigned\s+)?(?:int|uint|short|ushort|long|size_t|int32_t|uint32_t|int64_t|uint64_t|unsigned)\s+([A-Za-z_]\w*)\s*=\s*([^;,]+)[;,]",
-    )
-    .unwrap();
+    );
     for line in clean.lines() {
         if let Some(c) = def.captures(line) {
             if !env.contains_key(&c[1])
@@ -522,7 +520,7 @@ fn constants(clean: &str, given: &BTreeMap<String, i64>) -> BTreeMap<String, i64
 
 /// Evaluate a C integer expression: literal suffixes, `sizeof(type)` and casts are handled.
 fn eval(expr: &str, env: &BTreeMap<String, i64>) -> Option<i64> {
-    let sizeof = Regex::new(r"sizeof\s*\(\s*([A-Za-z_][\w:]*)\s*\)").unwrap();
+    let sizeof = crate::cached_regex(r"sizeof\s*\(\s*([A-Za-z_][\w:]*)\s*\)");
     let mut e = sizeof
         .replace_all(expr, |c: &regex::Captures| {
             type_size(&c[1], SourceLang::Cuda)
@@ -530,9 +528,9 @@ fn eval(expr: &str, env: &BTreeMap<String, i64>) -> Option<i64> {
                 .unwrap_or_else(|| "x_unknown".into())
         })
         .into_owned();
-    let suffix = Regex::new(r"\b(\d+)[uUlL]+\b").unwrap();
+    let suffix = crate::cached_regex(r"\b(\d+)[uUlL]+\b");
     e = suffix.replace_all(&e, "$1").into_owned();
-    let cast = Regex::new(r"\(\s*(?:unsigned|int|uint|size_t|long|short|int32_t|uint32_t|int64_t)\s*\)").unwrap();
+    let cast = crate::cached_regex(r"\(\s*(?:unsigned|int|uint|size_t|long|short|int32_t|uint32_t|int64_t)\s*\)");
     e = cast.replace_all(&e, "").into_owned();
     let e = e.trim();
     if e.is_empty() {
@@ -578,9 +576,9 @@ fn type_size(t: &str, lang: SourceLang) -> Option<u64> {
 /// Statically declared shared / threadgroup arrays: (bytes, line) for each declarator whose
 /// type and sizes are known. `extern __shared__` and pointer parameters are dynamic: skipped.
 fn shared_decls(clean: &str, keyword: &str, lang: SourceLang, env: &BTreeMap<String, i64>) -> Vec<(u64, usize)> {
-    let kw = Regex::new(&format!(r"\b{}\b", regex::escape(keyword))).unwrap();
-    let dims_re = Regex::new(r"\[([^\]]*)\]").unwrap();
-    let align = Regex::new(r"__align__\s*\(\s*\d+\s*\)|alignas\s*\(\s*\d+\s*\)").unwrap();
+    let kw = crate::cached_regex(&format!(r"\b{}\b", regex::escape(keyword)));
+    let dims_re = crate::cached_regex(r"\[([^\]]*)\]");
+    let align = crate::cached_regex(r"__align__\s*\(\s*\d+\s*\)|alignas\s*\(\s*\d+\s*\)");
     let mut out = Vec::new();
     for m in kw.find_iter(clean) {
         let before = clean[..m.start()].trim_end();

@@ -2,7 +2,6 @@
 //! with the shim in `kb/metal-shim/`, which models Metal's address spaces, attributes, types and
 //! built-ins. MLX bodies are wrapped into a kernel the way MLX's `metal_kernel` does it.
 
-use regex::Regex;
 use std::path::Path;
 use std::process::Command;
 
@@ -105,9 +104,9 @@ pub fn wrap_body(body: &str, sig: &BodySig) -> String {
 /// Metal-only spellings the C++ compiler cannot take, rewritten with line numbers kept:
 /// `[[threadgroup(i)]]` (the macro would erase the word) and half literals `1.0h`.
 fn rewrite(src: &str) -> String {
-    let tg = Regex::new(r"\[\[\s*threadgroup\s*\(").unwrap();
+    let tg = crate::cached_regex(r"\[\[\s*threadgroup\s*\(");
     let s = tg.replace_all(src, "[[ks_threadgroup_index(");
-    let half = Regex::new(r"\b(\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)[hH]\b").unwrap();
+    let half = crate::cached_regex(r"\b(\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)[hH]\b");
     half.replace_all(&s, "half($1)").into_owned()
 }
 

@@ -17,8 +17,8 @@ pub trait Evaluator {
     fn eval_same_device(&mut self, reqs: &[EvalRequest]) -> Vec<EvalReply> {
         self.eval_many(reqs)
     }
-    /// How many requests it evaluates at once (its workers): the engine hands the search's
-    /// rounds over in batches of this many candidates.
+    /// How many requests to hand it at once to keep it busy (at least its workers): the engine
+    /// hands the search's rounds over in batches of this many candidates.
     fn parallelism(&self) -> usize {
         1
     }
@@ -43,7 +43,7 @@ impl Evaluator for Pool {
     }
 
     fn parallelism(&self) -> usize {
-        self.len().max(1)
+        self.in_flight()
     }
 
     fn baseline(&mut self, req: &EvalRequest) -> EvalReply {
