@@ -4,13 +4,21 @@ mlx-lm's Mamba, and the exported attention kernel against MLX's own attention.
 
     python3 bench/mlx_e2e.py OUT/mamba_scan_mlx.py OUT/mamba_step_mlx.py OUT/attention_mlx.py
 
+    python3 bench/mlx_e2e.py --tail --lengths 512      # no modules: the export tail's fused decode
+
 Arguments are exported modules in any order (each is recognised by its TASK name); any may be
-missing. In one process, with the same inputs for every variant:
+missing. With --tail and no Mamba module, the repository's export tail patches mlx-lm by itself
+(its fused one-launch decode needs no exported kernel; prefill then stays stock). In one process,
+with the same inputs for every variant:
 
 - mamba-370m-shaped mlx-lm 0.32 model (random weights, f16; the ModelArgs of
   ../shared/anchors/mlx_anchors.py): stock prefill tok/s at L=512 and L=4096 (stock L=4096 is
-  one pass, ~30 s), patched prefill (median of >= 3 after warm-up), decode tok/s stock vs patched
-  (after a 16-token prefill, teacher-forced with the same tokens), and the outputs compared;
+  one pass, ~30 s), patched prefill (median of >= 3 after warm-up), and decode tok/s stock vs
+  patched after a 16-token prefill: a synchronous teacher-forced loop (the same tokens for all)
+  and mlx-lm's generate_step (greedy), each as --reps runs of stock and patched interleaved with
+  stock first and last (S P S P S P S), medians compared; the same steps all queued before one
+  evaluation; the patch's other decode paths once each; the decode logits of both against the
+  model in f32;
 - the exported attention kernel vs mx.fast.scaled_dot_product_attention, B=4 H=32 L=2048 D=128
   f16, causal and not (median of >= 20), outputs compared with each other and with f32 SDPA.
 
