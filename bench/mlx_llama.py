@@ -358,10 +358,10 @@ def main():
     if a.module:
         patch, attention = module_patch(a.module)
         admits = None
-        unpatch = patch(min_len=min_len)
+        unpatch = patch(min_len=min_len, choose="always")
     else:
         attention, admits = standin_attention() if standin else kernel_attention()
-        unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,))
+        unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose="always")
     tg = Toggle(unpatch)
     model, args = make_model(cfg, mx.float16)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))

@@ -3,7 +3,8 @@
 # `ksearch export <run> --mlx` appends this file after the tail (`ksearch_mlx/export_tail.py`) in a
 # module exported for the attention task, where it defines
 #
-#   patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None) -> unpatch
+#   patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None,
+#                      choose="measured") -> unpatch
 #
 # with `attention` defaulting to the module's own `attention(q, k, v, causal)` (the searched
 # kernel), `admits` to the kernel's constraints and builds, `dtypes` to the kernel's input dtype.
@@ -16,17 +17,17 @@ import math as _llama_math
 
 import mlx.core as mx
 
-# The shortest query length (prompt chunk) that runs the searched kernel; shorter ones, decode
+# The shortest query length (prompt chunk) that may run the searched kernel; shorter ones, decode
 # (one token) among them, run mlx-lm's stock attention (mx.fast.scaled_dot_product_attention).
-# How it was chosen: on the H200 (2026-12-03, bench/h200-2026-12-03-mlx-attention.txt) the
-# task.toml wgmma kernel at its default tunables was slower than SDPA at every shape measured:
-# 0.83-0.92x one call at a time and 0.65-0.79x with 16 calls queued at L = 513..3072, 0.63x and
-# 0.26x at L = 1. Its fixed cost (a launch through mx.fast.precompiled_cuda_kernel, contiguous
-# copies of q, k and v) weighs most on short prompts, so 1024 keeps it to long prefill only; it
-# is not a measured crossover, since no length has been measured where this kernel wins. Pass
-# the min_len that `bench/mlx_llama.py` suggests for your kernel and model (the shortest length
-# from which the kernel beat SDPA at the model's attention shape), or a huge one for stock.
-LLAMA_MIN_LEN = 1024
+# With choose="measured" (the default) a longer chunk runs the kernel only where it was measured
+# faster than stock's attention at its shape class (below), so min_len only spares the short
+# prompts that timing: on the H200 (2026-12-03/04, bench/h200-2026-12-03-mlx-attention.txt,
+# bench/h200-2026-12-04-mlx-llama.txt) the task.toml wgmma kernel at its default tunables was
+# slower than SDPA at every shape measured (0.43-0.92x at L = 512..4096, 0.26-0.63x at L = 1).
+LLAMA_MIN_LEN = 128
+
+# Timed calls per side when choose="measured" meets a new shape class (after one warm-up each).
+LLAMA_TIMING_REPS = 3
 
 
 def _llama_module_defaults():
@@ -47,7 +48,30 @@ def _llama_module_defaults():
     return g["attention"], admits, dtypes
 
 
-def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None):
+def _llama_time(label, fn, reps):
+    """Median seconds of `fn()` evaluated, after one warm-up (`label`: "kernel" or "stock", for
+    whoever replaces this function in a test)."""
+    import time
+
+    mx.eval(fn())
+    times = []
+    for _ in range(reps):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        mx.synchronize()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _llama_shape_class(axes, dtype):
+    """The key of a measured choice: every axis as is but L, rounded up to a power of two."""
+    L = axes["L"]
+    return (axes["B"], axes["H"], axes["Hkv"], 1 << max(L - 1, 1).bit_length(), axes["D"], axes["causal"], str(dtype))
+
+
+def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured"):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -66,9 +90,17 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     `admits` to its constraints and builds (head sizes 64, 96, 128) and `dtypes` to its input
     dtype (f16: a bf16 or f32 model keeps stock); imported on its own, `attention` is required
     and `admits` / `dtypes` default to accepting everything.
-    `min_len`: see LLAMA_MIN_LEN (how the default was chosen).
+      "slower"          choose="measured" and the kernel was timed slower than stock here;
+      "untimed"         choose="measured", a new shape class met inside mx.compile (no timing).
+    `min_len`: see LLAMA_MIN_LEN. `choose`: "measured" (default) times the kernel against stock's
+    attention on the first call of each shape class (B, H, Hkv, D, causal, dtype and L rounded up
+    to a power of two; LLAMA_TIMING_REPS calls each, medians) and keeps the faster, so patching
+    never makes a model's attention slower than stock's by more than that timing's noise; a
+    call inside a function transformation (mx.compile) cannot be timed and runs stock until one
+    outside has chosen. "always" runs the kernel wherever it is admitted.
     Returns `unpatch()`, which restores the method found; `unpatch.stats` counts the calls per
-    path ({"kernel": n, "stock": n}), `unpatch.reasons` the stock calls per reason above."""
+    path ({"kernel": n, "stock": n}), `unpatch.reasons` the stock calls per reason above,
+    `unpatch.choices` the measured choices ({shape class: (kernel s, stock s, kernel chosen)})."""
     d_attention, d_admits, d_dtypes = _llama_module_defaults()
     if attention is None:
         attention = d_attention
@@ -84,6 +116,9 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     if min_len < 2:
         raise ValueError("patch_mlx_lm_llama: min_len must be >= 2 (one-token decode always runs stock)")
     dtypes = tuple(dtypes) if dtypes is not None else None
+    if choose not in ("measured", "always"):
+        raise ValueError(f"patch_mlx_lm_llama: choose must be 'measured' or 'always', not {choose!r}")
+    choices = {}
 
     from mlx_lm.models import llama as _llama
 
@@ -138,6 +173,22 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
             reason = "constraints"
         elif admits is not None and not admits(axes):
             reason = "constraints"
+        def sdpa():
+            return _llama.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
+
+        if reason is None and choose == "measured":
+            key = _llama_shape_class(axes, queries.dtype)
+            if key not in choices:
+                try:
+                    mx.eval(queries, keys, values)
+                    t_kernel = _llama_time("kernel", lambda: attention(queries, keys, values, causal=causal), LLAMA_TIMING_REPS)
+                    t_stock = _llama_time("stock", sdpa, LLAMA_TIMING_REPS)
+                    choices[key] = (t_kernel, t_stock, t_kernel < t_stock)
+                except Exception:  # a tracer (mx.compile, grad): nothing can be timed in here
+                    choices.pop(key, None)
+                    reason = "untimed"
+            if reason is None and not choices[key][2]:
+                reason = "slower"
         if reason is None:
             stats["kernel"] += 1
             output = attention(queries, keys, values, causal=causal)
@@ -146,9 +197,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         else:
             stats["stock"] += 1
             reasons[reason] = reasons.get(reason, 0) + 1
-            output = _llama.scaled_dot_product_attention(
-                queries, keys, values, cache=cache, scale=self.scale, mask=mask
-            )
+            output = sdpa()
         output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
         return self.o_proj(output)
 
@@ -163,6 +212,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.stats = stats
     unpatch.reasons = reasons
     unpatch.min_len = min_len
+    unpatch.choices = choices
     return unpatch
 
 

@@ -99,7 +99,7 @@ def test_prefill_runs_the_kernel_and_decode_stock_with_logits_as_stock(dtype):
     ids = mx.random.randint(0, 101, (2, 24))
     ref = prefill_and_decode(m, ids, 3)
     calls = []
-    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=8)
+    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=8, choose="always")
     assert llama.Attention.__call__ is not STOCK
     got = prefill_and_decode(m, ids, 3)
     for i, (a, b) in enumerate(zip(got, ref)):
@@ -124,11 +124,11 @@ def test_without_a_cache_and_with_a_wrong_kernel_the_logits_differ():
     ref = m(ids)
     calls = []
     good = standin(calls)
-    unpatch = export_llama.patch_mlx_lm_llama(good, min_len=2)
+    unpatch = export_llama.patch_mlx_lm_llama(good, min_len=2, choose="always")
     assert_close(m(ids), ref, 1e-4, "no cache")
     assert unpatch.stats == {"kernel": 2, "stock": 0}
     unpatch()
-    unpatch = export_llama.patch_mlx_lm_llama(lambda q, k, v, causal: good(q, k, v, 0), min_len=2)
+    unpatch = export_llama.patch_mlx_lm_llama(lambda q, k, v, causal: good(q, k, v, 0), min_len=2, choose="always")
     diff = mx.max(mx.abs(m(ids) - ref)).item()
     assert diff > 1e-2, diff
     unpatch()
@@ -141,7 +141,7 @@ def test_short_prompts_chunked_prefill_and_quantised_caches_keep_stock():
     ref_chunked = prefill_and_decode(m, ids, 1, chunk=10)
     q_ref = m(ids, cache=[mlx_cache.QuantizedKVCache(group_size=32, bits=8) for _ in m.layers])
     calls = []
-    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=8)
+    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=8, choose="always")
     for a, b in zip(prefill_and_decode(m, ids[:, :6], 1), ref_short):
         assert_close(a, b, 0.0, "short prompt")
     assert unpatch.stats == {"kernel": 0, "stock": 4} and not calls
@@ -161,7 +161,7 @@ def test_an_array_mask_another_scale_or_dtype_keep_stock():
     m = tiny_llama()
     ids = mx.random.randint(0, 101, (1, 12))
     calls = []
-    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=2, dtypes=(mx.float16,))
+    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=2, choose="always", dtypes=(mx.float16,))
     assert_close(m(ids), _stock_logits(m, ids), 0.0, "f32 model")
     assert unpatch.reasons == {"dtype": 2} and not calls
     attn = m.model.layers[0].self_attn
@@ -249,3 +249,44 @@ def test_exported_module_patches_with_its_own_kernel_where_its_builds_admit():
         unpatch()
         assert_close(out, _stock_logits(model, ids), 0.0, reason)
         assert unpatch.reasons == {reason: 2} and len(seen) == n
+
+
+@pytest.mark.parametrize("kernel_faster", [True, False])
+def test_measured_choice_keeps_the_faster_per_shape_class(monkeypatch, kernel_faster):
+    """choose="measured" (the default) times the kernel against stock on the first call of a
+    shape class, keeps the faster there, and does not time that class again; the logits are
+    stock's either way. The clock is replaced so that the choice is known in advance."""
+    timed = []
+
+    def fake_time(label, fn, reps):
+        timed.append(label)
+        fn()  # the timed call must run
+        fast, slow = 1e-3, 2e-3
+        return (fast if kernel_faster else slow) if label == "kernel" else (slow if kernel_faster else fast)
+
+    monkeypatch.setattr(export_llama, "_llama_time", fake_time)
+    m = tiny_llama()
+    ids = mx.random.randint(0, 101, (1, 24))
+    ref = m(ids)
+    calls = []
+    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=8)
+    first = m(ids)
+    second = m(ids[:, :20])  # L 20 and 24 round up to the same class (32): no new timing
+    unpatch()
+    assert_close(first, ref, 1e-4, "measured choice")
+    assert_close(second, m(ids[:, :20]), 1e-4, "measured choice, second call")
+    # one timing per layer (each layer's shape class is the same, but layers time on their own
+    # first call only while the class is new: the first layer decides for both)
+    assert timed == ["kernel", "stock"], timed
+    assert len(unpatch.choices) == 1
+    ((t_kernel, t_stock, use_kernel),) = unpatch.choices.values()
+    assert use_kernel == kernel_faster and (t_kernel < t_stock) == kernel_faster
+    if kernel_faster:
+        assert unpatch.stats == {"kernel": 4, "stock": 0}, unpatch.stats
+    else:
+        assert unpatch.stats == {"kernel": 0, "stock": 4} and unpatch.reasons == {"slower": 4}
+
+
+def test_choose_is_checked():
+    with pytest.raises(ValueError, match="choose"):
+        export_llama.patch_mlx_lm_llama(standin([]), choose="sometimes")

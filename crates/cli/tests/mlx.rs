@@ -552,7 +552,7 @@ fn the_attention_export_patches_mlx_lm_llama_with_its_own_kernel() {
          \x20   mx.eval(out); return out\n\
          stock = llama.Attention.__call__\n\
          ref = run()\n\
-         unpatch = m.patch_mlx_lm_llama(min_len=32)\n\
+         unpatch = m.patch_mlx_lm_llama(min_len=32, choose='always')\n\
          got = run()\n\
          unpatch()\n\
          assert llama.Attention.__call__ is stock\n\
