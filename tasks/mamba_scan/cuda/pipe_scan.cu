@@ -22,14 +22,15 @@
 // final state is exact; y and the state are stored only below L and D. A partial chunk runs only
 // the groups that hold its steps.
 //
-// Shared memory returns one 32-bit register per lane per cycle and SM, however few distinct
-// addresses a warp reads, so the loop is written to load few registers per state and step: with
+// Shared memory returns 128 bytes per cycle and SM, one 32-bit register to every lane of a warp,
+// however few distinct addresses the warp reads, so the loop can load few registers per state and
+// step: with
 // PACK=1 (Bm, Cm) per (step, state) stays an f16 pair in shared memory, one register widened in
 // registers, instead of an f32 pair; PACK=2 also keeps (delta, u) per (step, channel) as an f16
 // pair (delta * u then formed in the loop) instead of (delta, delta * u) in f32; with
 // SWZ=1 lanes 2i and 2i + 1 of a warp serve the same states of two channels, so their (Bm, Cm)
-// addresses agree pairwise and the hardware returns them packed (as (delta, u) already do for
-// lanes 4i..4i + 3 of one channel).
+// addresses agree pairwise and the hardware returns them packed, as it does for (delta, u), read
+// alike by the lanes of one channel (lanes 2i and 2i + 1 with SWZ=0, 2i and 2i + 2 with SWZ=1).
 //
 // Tunables: NS (== N), SPT (states per lane: 1, 2 or 4), CB (channels per block), CHUNK (steps per
 // shared-memory tile), U (steps per pipeline group), POLY (0-2: steps of every 4 whose state-0
