@@ -25,8 +25,9 @@ are cached under KS_CUBIN_DIR (default .cubins) by a hash of source and options,
 saves the GPU machine the compiles.
 Environment:
   KS_SUITES=search,heldout,stress   workload sets: the task's search and held-out workloads of the
-                                    back-end, STRESS below (small ragged / grouped-query shapes), and
-                                    `mixed` (MIXED below: the shapes of bench/mixed_shapes.sh)
+                                    back-end, STRESS below (small ragged / grouped-query shapes),
+                                    `mixed` (MIXED below: the shapes of bench/mixed_shapes.sh) and
+                                    `anchor` (ANCHOR below: the shapes the peers were timed on)
   KS_BACKENDS=cuda,mlx-cuda         kernel sets: [backends.cuda] and [backends.mlx-cuda] (wrapped bodies)
   KS_KERNELS=a,b                    only these kernels (names; `mlx:flash` for an MLX body)
   KS_MAXCFG=n or name=n,...         configurations per kernel and workload (nearest to the defaults
@@ -36,6 +37,7 @@ Environment:
   KS_SEED_MAXFLOPS=2e9              the naive seed only on workloads below this many flops
   KS_TIME=1                         time (0: check only); KS_HELDOUT=0 drops the held-out suite
   KS_DEFS=X=1,...                   extra defines (debugging)
+  KS_FIX=POLY=0|1,U=8               only configurations whose tunables of these names take these values
 """
 import hashlib, itertools, os, re, sys, glob, math, ctypes, time
 try:
@@ -65,6 +67,7 @@ STRESS = {
         {"batch": 3, "L": 129, "D": 520, "N": 16},
         {"batch": 2, "L": 333, "D": 1536, "N": 8},
         {"batch": 1, "L": 1000, "D": 2048, "N": 16},
+        {"batch": 2, "L": 70, "D": 771, "N": 16},
     ],
 }
 
@@ -77,6 +80,18 @@ MIXED = {
         {"B": 1, "H": 32, "Hkv": 8, "L": 1000, "D": 128, "causal": 1},
         {"B": 2, "H": 32, "Hkv": 8, "L": 777, "D": 64, "causal": 1},
         {"B": 4, "H": 32, "Hkv": 8, "L": 2048, "D": 128, "causal": 0},
+    ],
+}
+
+# The shapes the peers were timed on in ANCHORS.md (KS_SUITES=anchor): for the scan, one layer of
+# mamba-370m at L=4096 and L=512, mamba-130m's d_inner at L=2048, mamba-790m's at L=1024, batch 4.
+ANCHOR = {
+    "mamba_scan": [
+        {"batch": 1, "L": 4096, "D": 2048, "N": 16},
+        {"batch": 1, "L": 512, "D": 2048, "N": 16},
+        {"batch": 1, "L": 2048, "D": 1536, "N": 16},
+        {"batch": 1, "L": 1024, "D": 3072, "N": 16},
+        {"batch": 4, "L": 1024, "D": 2048, "N": 16},
     ],
 }
 
@@ -286,6 +301,7 @@ def plan(tasks):
     limits = dict((a, int(b)) for a, b in (x.split("=") for x in mc.split(","))) if "=" in mc else {}
     seed_max = float(os.environ.get("KS_SEED_MAXFLOPS", "2e9"))
     dist = int(os.environ.get("KS_STRESS_DIST", "1"))
+    fix = {a: {int(v) for v in b.split("|")} for a, b in (x.split("=") for x in os.environ.get("KS_FIX", "").split(",") if x)}
     out = []
     for tn in tasks:
         task = load_task(tn)
@@ -294,7 +310,8 @@ def plan(tasks):
                 if be not in task["backends"]:
                     continue
                 bs = task["backends"][be]
-                wls = {"stress": STRESS, "mixed": MIXED}[suite].get(tn, []) if suite in ("stress", "mixed") else bs.get(suite, [])
+                named = {"stress": STRESS, "mixed": MIXED, "anchor": ANCHOR}
+                wls = named[suite].get(tn, []) if suite in named else bs.get(suite, [])
                 kernels = [dict(bs["seed"], name="seed")] + bs.get("kernels", [])
                 for wi, wl in enumerate(wls):
                     flops = ev(task["flops"], wl) if task.get("flops") else 0
@@ -304,7 +321,7 @@ def plan(tasks):
                             continue
                         if kern["name"] == "seed" and suite != "stress" and flops > seed_max:
                             continue
-                        near = near_default(kern, wl)
+                        near = [(d, c) for d, c in near_default(kern, wl) if all(c[k] in v for k, v in fix.items() if k in c)]
                         if not near:
                             continue
                         if suite == "stress":
@@ -556,6 +573,7 @@ def run(tasks):
     print(torch.cuda.get_device_name(), torch.__version__, "cupy", cp.__version__, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     do_time = os.environ.get("KS_TIME", "1") != "0"
     table, failures, nchecked = [], [], 0
+    bycfg, peer_us = {}, {}  # (suite, kernel, config) -> {workload: us}; (suite, workload) -> first peer's us
     jobs = plan(tasks)
     # group by (task, suite, backend, workload): one input draw, one reference, one peer measurement
     groups = {}
@@ -569,6 +587,8 @@ def run(tasks):
         prs = peers(tn, task, wl, ins) if do_time and suite != "stress" else []
         for pname, pus in prs:
             print(f"{tn:10s} {suite[0]} {str(wl):48s} {'peer ' + pname:12s} {pus:10.2f} us", flush=True)
+        if prs:
+            peer_us[(tn, suite, str(wl))] = prs[0][1]
         best = {}
         for _, _, _, _, _, _, kern, kname, cfgs in js:
             dflt = defaults(kern)
@@ -593,6 +613,8 @@ def run(tasks):
                 print(line, flush=True)
                 if nbad != 0:
                     failures.append(line)
+                if nbad == 0 and us == us:
+                    bycfg.setdefault((tn, suite, kname, str(sorted(cfg.items()))), {})[str(wl)] = us
                 if nbad == 0 and us == us and (kname not in best or us < best[kname][0]):
                     best[kname] = (us, cfg)
                 del r
@@ -608,12 +630,35 @@ def run(tasks):
             table.append(f"{tn:10s} {suite[0]} {str(wl):58s} {kname:12s} {us:9.1f} us {extra}{ratio}  {cfg if kname != 'seed' else ''}")
         del ins, inbufs, refs
         torch.cuda.empty_cache()
+    # One configuration for every workload of a suite: those correct and timed on all of them, by
+    # their worst ratio against the peer (or, without a peer, their worst time against the best).
+    nwl = {}
+    for (tn, suite, kname, _), d in bycfg.items():
+        nwl[(tn, suite, kname)] = max(nwl.get((tn, suite, kname), 0), len(d))
+    across = []
+    for key in sorted(nwl):
+        if nwl[key] < 2:
+            continue
+        tn, suite, kname = key
+        full = [(c, d) for (t, s_, k, c), d in bycfg.items() if (t, s_, k) == key and len(d) == nwl[key]]
+        wls = sorted(full[0][1]) if full else []
+        fastest = {w: min(d[w] for _, d in full) for w in wls}
+        def score(d):
+            return min((peer_us[(tn, suite, w)] / d[w]) if (tn, suite, w) in peer_us else fastest[w] / d[w] for w in wls)
+        full.sort(key=lambda cd: -score(cd[1]))
+        for c, d in full[:6]:
+            across.append(f"{tn:10s} {suite[0]} {kname:12s} worst {score(d):5.2f}x  " +
+                          " ".join(f"{d[w]:7.1f}" for w in wls) + f"  {c}")
     print(f"\n==== checked {nchecked} (kernel, configuration, workload) runs on every element; {len(failures)} failed ====")
     for l in failures:
         print("FAILED", l)
     print("\n==== summary (best correct config per kernel; peers measured in the same process) ====")
     for l in table:
         print(l)
+    if across:
+        print("\n==== one configuration for all workloads of a suite (worst ratio to the peer, or to the fastest; times in us, workloads sorted) ====")
+        for l in across:
+            print(l)
     return len(failures)
 
 def main():

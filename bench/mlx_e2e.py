@@ -4,13 +4,21 @@ mlx-lm's Mamba, and the exported attention kernel against MLX's own attention.
 
     python3 bench/mlx_e2e.py OUT/mamba_scan_mlx.py OUT/mamba_step_mlx.py OUT/attention_mlx.py
 
+    python3 bench/mlx_e2e.py --tail --lengths 512      # no modules: the export tail's fused decode
+
 Arguments are exported modules in any order (each is recognised by its TASK name); any may be
-missing. In one process, with the same inputs for every variant:
+missing. With --tail and no Mamba module, the repository's export tail patches mlx-lm by itself
+(its fused one-launch decode needs no exported kernel; prefill then stays stock). In one process,
+with the same inputs for every variant:
 
 - mamba-370m-shaped mlx-lm 0.32 model (random weights, f16; the ModelArgs of
   ../shared/anchors/mlx_anchors.py): stock prefill tok/s at L=512 and L=4096 (stock L=4096 is
-  one pass, ~30 s), patched prefill (median of >= 3 after warm-up), decode tok/s stock vs patched
-  (after a 16-token prefill, teacher-forced with the same tokens), and the outputs compared;
+  one pass, ~30 s), patched prefill (median of >= 3 after warm-up), and decode tok/s stock vs
+  patched after a 16-token prefill: a synchronous teacher-forced loop (the same tokens for all)
+  and mlx-lm's generate_step (greedy), each as --reps runs of stock and patched interleaved with
+  stock first and last (S P S P S P S), medians compared; the same steps all queued before one
+  evaluation; the patch's other decode paths once each; the decode logits of both against the
+  model in f32;
 - the exported attention kernel vs mx.fast.scaled_dot_product_attention, B=4 H=32 L=2048 D=128
   f16, causal and not (median of >= 20), outputs compared with each other and with f32 SDPA.
 
@@ -59,6 +67,20 @@ def load_module(path):
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # as an import would: the runtime's dataclasses look themselves up there
     spec.loader.exec_module(mod)
+    return mod
+
+
+def load_tail(path):
+    """python/ksearch_mlx/export_tail.py as a module of its own (what `ksearch export --mlx` pastes
+    into every module), for its patch_mlx_lm without an exported kernel: the fused decode needs
+    none. BACKEND as an exported module for this machine would have it."""
+    import types
+
+    mod = types.ModuleType("ks_export_tail")
+    mod.__file__ = path
+    exec(compile(open(path).read(), path, "exec"), mod.__dict__)
+    cuda = getattr(mx, "cuda", None)
+    mod.BACKEND = "mlx-cuda" if cuda is not None and cuda.is_available() else "mlx-metal"
     return mod
 
 
@@ -140,8 +162,8 @@ def bench_attention(mod, res, shape=(4, 32, 2048, 128), reps=20):
 MODEL_370M = dict(model_type="mamba", vocab_size=50280, hidden_size=1024, intermediate_size=2048,
                   state_size=16, num_hidden_layers=48, conv_kernel=4, use_bias=False,
                   use_conv_bias=True, time_step_rank=64)
-MODEL_TINY = dict(MODEL_370M, vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  time_step_rank=8)  # --tiny: a smoke test of this script on any machine
+MODEL_TINY = dict(MODEL_370M, vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  time_step_rank=16)  # --tiny: a smoke test of this script on any machine
 MODEL = dict(MODEL_370M)
 
 
@@ -215,6 +237,25 @@ def decode_run(m, prompt, toks, warm):
     return (len(toks) - warm) / dt, mx.stack(logits), [c[1] for c in cache]
 
 
+def queued_run(m, prompt, toks, warm):
+    """As decode_run, but the timed steps are all built first and evaluated together (the
+    teacher-forced inputs do not depend on the outputs): no synchronisation per token."""
+    cache = m.make_cache()
+    mx.eval(m(prompt, cache=cache))
+    warm_logits = []
+    for t in toks[:warm]:
+        lg = m(mx.array([[t]]), cache=cache)
+        mx.eval(lg)
+        warm_logits.append(lg[0, -1])
+    mx.synchronize()
+    t0 = time.perf_counter()
+    logits = [m(mx.array([[t]]), cache=cache)[0, -1] for t in toks[warm:]]
+    mx.eval(logits)
+    mx.synchronize()
+    dt = time.perf_counter() - t0
+    return (len(toks) - warm) / dt, mx.stack(warm_logits + logits), [c[1] for c in cache]
+
+
 def generate_run(m, prompt, steps, warm):
     """Tokens per second of mlx-lm's generate_step (greedy) over `steps` tokens after `warm`."""
     from mlx_lm.generate import generate_step
@@ -229,12 +270,13 @@ def generate_run(m, prompt, steps, warm):
     return (n - warm) / (time.perf_counter() - t0)
 
 
-def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, steps=128, warm_steps=8):
+def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, steps=128, warm_steps=8, tail_mod=None):
     import mlx_lm
     from mlx_lm.models import mamba
 
     res["env"]["mlx_lm"] = getattr(mlx_lm, "__version__", "?")
     stock_fn = mamba.MambaBlock.__dict__["_process_sequence"]
+    stock_backbone = mamba.Mamba.__dict__["__call__"]
     mm = {"model": dict(MODEL), "lengths": list(lengths), "stock": {}, "patched": {}, "compare": {}, "decode": {}}
     res["mamba"] = mm
     m = make_model(mx.float16)
@@ -267,12 +309,14 @@ def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, st
 
     scan = getattr(scan_mod, "mamba_scan", None) if scan_mod else None
     step = getattr(step_mod, "mamba_step", None) if step_mod else None
-    patcher = scan_mod or step_mod
+    patcher = scan_mod or step_mod or tail_mod
     mm["patched"]["scan"] = "exported kernel" if scan else "stock loop (no scan module)"
     mm["patched"]["step"] = "exported kernel" if step else "stock step (no step module)"
+    if patcher is tail_mod and tail_mod is not None:
+        mm["patched"]["module"] = "the repository's export tail (--tail)"
     unpatch = None
     if patcher is None:
-        mm["patched"]["skipped"] = "no mamba_scan or mamba_step module given"
+        mm["patched"]["skipped"] = "no mamba_scan or mamba_step module given, and no --tail"
     else:
         try:
             unpatch = patcher.patch_mlx_lm(scan=scan, step=step)
@@ -308,22 +352,49 @@ def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, st
                 stock_out.pop(L, None)
         mx.clear_cache()
 
-    # decode: stock, then patched, the same prompt and the same teacher-forced tokens
+    # decode: stock and patched interleaved, stock first and last (S P S P S P S), the same
+    # prompt and the same teacher-forced tokens; medians of `reps` runs each. Then the same for
+    # mlx-lm's generate_step. Patched = patch_mlx_lm's defaults (the fused one-launch decode where
+    # it fits).
+    de = mm["decode"]
+    lg_stock = lg_p = None
     try:
         if unpatch is not None:
             unpatch()
         assert mamba.MambaBlock.__dict__["_process_sequence"] is stock_fn
-        tps, lg_stock, st_stock = decode_run(m, prompt, toks, warm_steps)
-        mm["decode"]["stock_tok_s"] = tps
-        mm["decode"]["stock_runs_tok_s"] = [tps]
-        log(f"stock decode: {tps:.1f} tok/s")
+
+        def patched(fn, **kw):
+            up = patcher.patch_mlx_lm(scan=scan, step=step, **kw)
+            try:
+                out = fn()
+                if hasattr(up, "fused_check"):
+                    up.fused_check()  # raises where a fused launch did not finish
+                return out, dict(up.stats), dict(getattr(up, "compiled", {}) or {})
+            finally:
+                up()
+
+        stock_runs, patched_runs, st_stock, st_p = [], [], None, None
+        for rep in range(reps if patcher is not None else 1):
+            tps, lg_s, st_s = decode_run(m, prompt, toks, warm_steps)
+            stock_runs.append(tps)
+            if lg_stock is None:
+                lg_stock, st_stock = lg_s, st_s
+            log(f"stock decode run {rep + 1}: {tps:.1f} tok/s")
+            if patcher is not None:
+                (tps, lg_p, st_p), de["stats"], de["compiled"] = patched(lambda: decode_run(m, prompt, toks, warm_steps))
+                patched_runs.append(tps)
+                log(f"patched decode run {rep + 1}: {tps:.1f} tok/s; path {de['compiled'].get('fused')}")
         if patcher is not None:
-            unpatch = patcher.patch_mlx_lm(scan=scan, step=step)
-            tps, lg_p, st_p = decode_run(m, prompt, toks, warm_steps)
-            mm["decode"]["patched_tok_s"] = tps
-            mm["decode"]["speedup"] = tps / mm["decode"]["stock_tok_s"]
-            mm["decode"]["stats"] = dict(unpatch.stats)
-            mm["decode"]["compiled"] = dict(getattr(unpatch, "compiled", {}) or {})
+            tps, _, _ = decode_run(m, prompt, toks, warm_steps)
+            stock_runs.append(tps)
+            log(f"stock decode again: {tps:.1f} tok/s")
+        de["stock_runs_tok_s"] = stock_runs
+        de["stock_tok_s"] = statistics.median(stock_runs)
+        if patched_runs:
+            de["patched_runs_tok_s"] = patched_runs
+            de["patched_tok_s"] = statistics.median(patched_runs)
+            de["speedup"] = de["patched_tok_s"] / de["stock_tok_s"]
+            de["speedup_vs_fastest_stock"] = de["patched_tok_s"] / max(stock_runs)
             c = {"logits_every_step": compare(lg_p, lg_stock),
                  "logits_last_step": compare(lg_p[-1], lg_stock[-1]),
                  "argmax_equal_steps": int((mx.argmax(lg_p, -1) == mx.argmax(lg_stock, -1)).sum().item()),
@@ -336,53 +407,73 @@ def bench_mamba(scan_mod, step_mod, res, budget, lengths=(512, 4096), reps=3, st
             c["ssm_state_worst_layer"] = worst
             c["flag"] = any(v.get("flag") for v in c.values() if isinstance(v, dict))
             mm["compare"]["decode_patched_vs_stock"] = c
-            log(f"patched decode: {tps:.1f} tok/s; " + json.dumps(c["logits_every_step"]))
-            unpatch()
-            # the same patch without the compiled decode path, and without the one-token conv
-            # step, to tell the effects apart
-            for key, kw, what in (("patched_glue_step_tok_s", {"decode_glue": "step"}, "with the step fused into the glue"),
-                                  ("patched_no_glue_tok_s", {"decode_glue": False}, "with MLX-op glue"),
-                                  ("patched_uncompiled_tok_s", {"compile_decode": False}, "without mx.compile")):
-                try:
-                    unpatch = patcher.patch_mlx_lm(scan=scan, step=step, **kw)
-                except TypeError:  # a module exported before that switch existed
-                    continue
-                try:
-                    tps2, lg_v, _ = decode_run(m, prompt, toks, warm_steps)
-                    mm["decode"][key] = tps2
-                    cv = compare(lg_v, lg_stock)
-                    mm["compare"]["decode_" + key.replace("_tok_s", "") + "_vs_stock"] = cv
-                    mm["decode"][key.replace("_tok_s", "_path")] = dict(getattr(unpatch, "compiled", {}) or {})
-                    log(f"patched decode {what}: {tps2:.1f} tok/s; logits rel {cv['rel']:.1e}{' FLAG' if cv.get('flag') else ''}")
-                finally:
-                    unpatch()
-            # stock again, after the patched runs: the faster of the two stock runs is the one
-            # compared (CPU-bound decode varies between runs; this errs against the patch)
-            tps_s2, _, _ = decode_run(m, prompt, toks, warm_steps)
-            mm["decode"]["stock_runs_tok_s"].append(tps_s2)
-            mm["decode"]["stock_tok_s"] = max(mm["decode"]["stock_runs_tok_s"])
-            mm["decode"]["speedup"] = mm["decode"]["patched_tok_s"] / mm["decode"]["stock_tok_s"]
-            log(f"stock decode again: {tps_s2:.1f} tok/s; compared: {mm['decode']['stock_tok_s']:.1f}")
-            # mlx-lm's own generation loop (generate_step: greedy, the next step built while the
-            # GPU runs the current one), stock then patched, same prompt
+            log(f"decode medians: stock {de['stock_tok_s']:.1f}, patched {de['patched_tok_s']:.1f} tok/s "
+                f"({de['speedup']:.2f}x); " + json.dumps(c["logits_every_step"]))
+            # queued: every teacher-forced step built before one evaluation (no per-token sync):
+            # what the GPU side costs per token, MLX's dispatch included
             try:
-                g_stock = generate_run(m, prompt, steps, warm_steps)
-                unpatch = patcher.patch_mlx_lm(scan=scan, step=step)
-                try:
-                    g_patched = generate_run(m, prompt, steps, warm_steps)
-                finally:
-                    unpatch()
-                mm["decode"]["generate_step"] = {"stock_tok_s": g_stock, "patched_tok_s": g_patched,
-                                                 "speedup": g_patched / g_stock}
-                log(f"mlx_lm generate_step: stock {g_stock:.1f} tok/s, patched {g_patched:.1f} tok/s")
+                (tq, lg_q, _), _, _ = patched(lambda: queued_run(m, prompt, toks, warm_steps))
+                de["patched_queued_tok_s"] = tq
+                mm["compare"]["decode_patched_queued_vs_stock"] = compare(lg_q, lg_stock)
+                log(f"patched decode, all steps queued: {tq:.1f} tok/s")
             except Exception:
-                mm["decode"]["generate_step"] = {"error": err_tail()}
-                log("generate_step run failed: " + mm["decode"]["generate_step"]["error"][-300:])
+                de["patched_queued_error"] = err_tail()
+            # other paths of the same patch, one run each, to tell the effects apart (those that
+            # need a step module are skipped without one)
+            for key, kw, what in (("patched_no_fused_tok_s", {"fused_decode": False}, "without the fused decode"),
+                                  ("patched_glue_step_tok_s", {"decode_glue": "step", "fused_decode": False}, "with the step fused into the glue"),
+                                  ("patched_no_glue_tok_s", {"decode_glue": False, "fused_decode": False}, "with MLX-op glue"),
+                                  ("patched_uncompiled_tok_s", {"compile_decode": False, "fused_decode": False}, "without mx.compile")):
+                if elapsed() > budget - 60:
+                    break
+                try:
+                    (tps2, lg_v, _), _, comp = patched(lambda: decode_run(m, prompt, toks, warm_steps), **kw)
+                except (TypeError, ValueError):  # an older module, or nothing to patch without the fused decode
+                    continue
+                de[key] = tps2
+                cv = compare(lg_v, lg_stock)
+                mm["compare"]["decode_" + key.replace("_tok_s", "") + "_vs_stock"] = cv
+                de[key.replace("_tok_s", "_path")] = comp
+                log(f"patched decode {what}: {tps2:.1f} tok/s; logits rel {cv['rel']:.1e}{' FLAG' if cv.get('flag') else ''}")
+            # mlx-lm's own generation loop (generate_step: greedy, the next step built while the
+            # GPU runs the current one), stock and patched interleaved the same way
+            try:
+                gs, gp = [], []
+                for rep in range(reps):
+                    gs.append(generate_run(m, prompt, steps, warm_steps))
+                    gp.append(patched(lambda: generate_run(m, prompt, steps, warm_steps))[0])
+                    log(f"generate_step run {rep + 1}: stock {gs[-1]:.1f}, patched {gp[-1]:.1f} tok/s")
+                gs.append(generate_run(m, prompt, steps, warm_steps))
+                g = {"stock_runs_tok_s": gs, "patched_runs_tok_s": gp,
+                     "stock_tok_s": statistics.median(gs), "patched_tok_s": statistics.median(gp)}
+                g["speedup"] = g["patched_tok_s"] / g["stock_tok_s"]
+                g["speedup_vs_fastest_stock"] = g["patched_tok_s"] / max(gs)
+                de["generate_step"] = g
+                log(f"mlx_lm generate_step medians: stock {g['stock_tok_s']:.1f} tok/s, patched {g['patched_tok_s']:.1f} tok/s "
+                    f"({g['speedup']:.2f}x; stock runs {', '.join(f'{v:.1f}' for v in gs)})")
+            except Exception:
+                de["generate_step"] = {"error": err_tail()}
+                log("generate_step run failed: " + de["generate_step"]["error"][-300:])
     except Exception:
-        mm["decode"]["error"] = err_tail()
-        log("decode failed: " + mm["decode"]["error"][-300:])
+        de["error"] = err_tail()
+        log("decode failed: " + de["error"][-300:])
     finally:
         mamba.MambaBlock._process_sequence = stock_fn
+        mamba.Mamba.__call__ = stock_backbone
+
+    # the decode logits of both f16 runs against the stock model in f32 (same weights, the same
+    # teacher-forced tokens): which of the two is off
+    if lg_stock is not None and lg_p is not None and elapsed() < budget - 30:
+        try:
+            m32 = make_model(mx.float32)
+            _, lg32, _ = decode_run(m32, prompt, toks, warm_steps)
+            mm["compare"]["decode_stock_f16_vs_f32"] = compare(lg_stock, lg32)
+            mm["compare"]["decode_patched_f16_vs_f32"] = compare(lg_p, lg32)
+            log("decode vs f32: stock f16 %.1e, patched f16 %.1e" % (mm["compare"]["decode_stock_f16_vs_f32"]["rel"],
+                                                                     mm["compare"]["decode_patched_f16_vs_f32"]["rel"]))
+            del m32
+        except Exception:
+            mm["compare"]["decode_f32_reference_error"] = err_tail()
 
     # which f16 run is off: both against the stock model in f32 at the smallest L (same weights)
     L0 = min(lengths)
@@ -425,26 +516,43 @@ def table(res):
         c = mm["compare"].get("decode_patched_vs_stock")
         cs = (f"logits {c['logits_every_step']['rel']:.1e} over {c['steps']} steps, argmax same {c['argmax_equal_steps']}/{c['steps']}"
               f"{' FLAG' if c['flag'] else ''}") if c else "-"
-        lines.append(f"{'decode tok/s':<26}{fmt(de.get('stock_tok_s'), '12.1f'):>12}{fmt(de.get('patched_tok_s'), '12.1f'):>12}"
+        lines.append(f"{'decode tok/s (median)':<26}{fmt(de.get('stock_tok_s'), '12.1f'):>12}{fmt(de.get('patched_tok_s'), '12.1f'):>12}"
                      f"{fmt(de.get('speedup'), '.2f', 'x'):>10}  {cs}")
         comp = de.get("compiled") or {}
         if comp:
-            lines.append(f"  decode path: {comp.get('compiled_calls', 0)} compiled calls (scope {comp.get('scope')})"
-                         + (f", compile error: {comp['error'][:120]}" if comp.get("error") else "")
-                         + (f", glue {comp['glue']}" if comp.get("glue") else ", MLX-op glue"))
-        for key, what in (("patched_glue_step", "step fused into the glue"), ("patched_no_glue", "MLX-op glue"),
-                          ("patched_uncompiled", "without mx.compile")):
+            if comp.get("fused") == "on":
+                lines.append(f"  decode path: fused, one launch per token ({comp.get('fused_calls', 0)} tokens in the last run)")
+            else:
+                lines.append(f"  decode path: {comp.get('compiled_calls', 0)} compiled calls (scope {comp.get('scope')})"
+                             + (f", compile error: {comp['error'][:120]}" if comp.get("error") else "")
+                             + (f", glue {comp['glue']}" if comp.get("glue") else ", MLX-op glue")
+                             + (f"; fused decode off: {comp['fused'][:160]}" if comp.get("fused") else ""))
+        if de.get("stock_runs_tok_s"):
+            lines.append("  runs, in order (stock first and last): stock " + ", ".join(f"{v:.1f}" for v in de["stock_runs_tok_s"])
+                         + "; patched " + ", ".join(f"{v:.1f}" for v in de.get("patched_runs_tok_s", []))
+                         + (f"; vs the fastest stock run {de['speedup_vs_fastest_stock']:.2f}x" if "speedup_vs_fastest_stock" in de else ""))
+        if "patched_queued_tok_s" in de:
+            cv = mm["compare"].get("decode_patched_queued_vs_stock") or {}
+            lines.append(f"  {'decode, steps queued':<24}{'':>12}{de['patched_queued_tok_s']:12.1f}"
+                         f"{de['patched_queued_tok_s'] / de['stock_tok_s']:9.2f}x  logits {cv.get('rel', float('nan')):.1e}"
+                         " (all steps built, one evaluation)")
+        for key, what in (("patched_no_fused", "without fused decode"), ("patched_glue_step", "step fused into the glue"),
+                          ("patched_no_glue", "MLX-op glue"), ("patched_uncompiled", "without mx.compile")):
             if key + "_tok_s" in de:
                 cv = mm["compare"].get("decode_" + key + "_vs_stock") or {}
                 lines.append(f"  {'decode, ' + what:<24}{'':>12}{de[key + '_tok_s']:12.1f}"
                              f"{de[key + '_tok_s'] / de['stock_tok_s']:9.2f}x  logits {cv.get('rel', float('nan')):.1e}"
                              f"{' FLAG' if cv.get('flag') else ''}")
-        if len(de.get("stock_runs_tok_s", [])) > 1:
-            lines.append("  stock decode runs (before, after the patched ones): "
-                         + ", ".join(f"{v:.1f}" for v in de["stock_runs_tok_s"]) + " tok/s; the faster is compared")
         g = de.get("generate_step") or {}
         if "speedup" in g:
-            lines.append(f"{'decode, mlx_lm generate_step':<26}{g['stock_tok_s']:12.1f}{g['patched_tok_s']:12.1f}{g['speedup']:9.2f}x  greedy, own tokens")
+            lines.append(f"{'decode, generate_step':<26}{g['stock_tok_s']:12.1f}{g['patched_tok_s']:12.1f}{g['speedup']:9.2f}x  "
+                         "greedy, own tokens; medians")
+            lines.append("  runs, in order (stock first and last): stock " + ", ".join(f"{v:.1f}" for v in g["stock_runs_tok_s"])
+                         + "; patched " + ", ".join(f"{v:.1f}" for v in g["patched_runs_tok_s"])
+                         + f"; vs the fastest stock run {g['speedup_vs_fastest_stock']:.2f}x")
+        a, b = mm["compare"].get("decode_stock_f16_vs_f32"), mm["compare"].get("decode_patched_f16_vs_f32")
+        if a and b:
+            lines.append(f"decode logits vs the f32 model (rel, every step): stock f16 {a['rel']:.1e}, patched f16 {b['rel']:.1e}")
         L0 = min(mm["lengths"])
         a, b = mm["compare"].get(f"prefill_{L0}_stock_f16_vs_f32"), mm["compare"].get(f"prefill_{L0}_patched_f16_vs_f32")
         if a:
@@ -479,6 +587,11 @@ def main():
     ap.add_argument("--att-shape", default="4,32,2048,128", help="B,H,L,D")
     ap.add_argument("--no-mamba", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="a tiny Mamba instead of mamba-370m (smoke test)")
+    ap.add_argument("--tail", nargs="?", const=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python",
+                                                           "ksearch_mlx", "export_tail.py"),
+                    help="patch with this export tail where no mamba module is given (default: the repository's); "
+                         "its fused decode needs no exported kernel")
+    ap.add_argument("--reps", type=int, default=3, help="runs per variant (decode, generate_step, prefill)")
     a = ap.parse_args()
     if a.tiny:
         MODEL.clear()
@@ -513,8 +626,10 @@ def main():
         res["skipped"].append("mamba: --no-mamba")
     else:
         try:
+            tail_mod = load_tail(a.tail) if a.tail else None
             bench_mamba(mods.get("mamba_scan"), mods.get("mamba_step"), res, a.budget,
-                        lengths=tuple(int(x) for x in a.lengths.split(",")), steps=a.decode_steps)
+                        lengths=tuple(int(x) for x in a.lengths.split(",")), steps=a.decode_steps,
+                        reps=a.reps, tail_mod=tail_mod)
         except Exception:
             res["mamba_error"] = err_tail()
             log("mamba failed: " + res["mamba_error"][-500:])

@@ -335,7 +335,7 @@ fn export_writes_a_self_contained_module_of_the_best_kernel() {
          m = importlib.util.module_from_spec(spec); sys.modules['scan_mlx'] = m; spec.loader.exec_module(m)\n\
          assert 'ksearch_mlx' not in sys.modules\n\
          assert m.TASK['name'] == 'mamba_scan' and m.BACKEND == 'mlx-cuda'\n\
-         assert callable(m.mamba_scan) and callable(m.patch_mlx_lm)\n\
+         assert callable(m.mamba_scan) and callable(m.patch_mlx_lm) and not hasattr(m, 'patch_mlx_lm_llama')\n\
          import json; print(json.dumps(m.CANDIDATE))\n",
         out = out.display().to_string(),
     );
@@ -473,4 +473,104 @@ fn export_of_a_whole_cuda_unit_builds_it_with_nvrtc_on_first_use() {
         return;
     }
     assert!(stdout.contains("BUILT sm_90a"), "{stdout}");
+}
+
+/// The attention task's module also carries `patch_mlx_lm_llama` (python/ksearch_mlx/export_llama.py):
+/// by default it patches mlx-lm's Llama attention with the module's own kernel where the kernel's
+/// builds admit the shape. Here KERNEL is replaced by attention in MLX ops (MLX's CPU back-end
+/// cannot run the CUDA unit): a tiny GQA Llama's prefill runs it in both layers and gives stock's
+/// logits, decode runs stock, and unpatching restores stock. Skips without mlx-lm.
+#[test]
+fn the_attention_export_patches_mlx_lm_llama_with_its_own_kernel() {
+    let Some(py) = python() else { return };
+    let has_mlx_lm = std::process::Command::new(&py)
+        .args(["-c", "import mlx_lm"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !has_mlx_lm {
+        eprintln!("skipping: `{py}` has no mlx-lm");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("s.db");
+    let t = task("attention");
+    let k = t.kernel(ksearch_core::Backend::MlxCuda, "flash_wgmma").unwrap();
+    let cand = ksearch_search::planner::instantiate(ksearch_core::Backend::MlxCuda, k, &k.default_config());
+    store_with_best(&db, d.path(), "attention", &k.name, &cand);
+    let out = d.path().join("attention_mlx.py");
+    let o = Command::cargo_bin("ksearch")
+        .unwrap()
+        .current_dir(repo())
+        .args([
+            "--store",
+            db.to_str().unwrap(),
+            "export",
+            "1",
+            "--mlx",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("patch_mlx_lm_llama()"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(text.matches("def patch_mlx_lm_llama(").count(), 1);
+    let script = format!(
+        "import importlib.util, math, sys\n\
+         import mlx.core as mx\n\
+         from mlx_lm.models import llama, cache\n\
+         spec = importlib.util.spec_from_file_location('attention_mlx', {out:?})\n\
+         m = importlib.util.module_from_spec(spec); sys.modules['attention_mlx'] = m; spec.loader.exec_module(m)\n\
+         assert 'ksearch_mlx' not in sys.modules\n\
+         assert 'patch_mlx_lm_llama' in m.__all__ and 'patch_mlx_lm' not in m.__all__\n\
+         calls = []\n\
+         def kernel(inputs, axes):\n\
+         \x20   calls.append(dict(axes))\n\
+         \x20   q, k, v = (inputs[n].astype(mx.float32) for n in 'qkv')\n\
+         \x20   r = axes['H'] // axes['Hkv']\n\
+         \x20   k, v = mx.repeat(k, r, axis=1), mx.repeat(v, r, axis=1)\n\
+         \x20   s = (q @ k.swapaxes(-1, -2)) / math.sqrt(axes['D'])\n\
+         \x20   L = axes['L']\n\
+         \x20   s = mx.where(mx.arange(L)[:, None] >= mx.arange(L)[None], s, -mx.inf) if axes['causal'] else s\n\
+         \x20   return {{'o': (mx.softmax(s, axis=-1) @ v).astype(mx.float16)}}\n\
+         m.KERNEL = kernel\n\
+         mx.random.seed(0)\n\
+         a = llama.ModelArgs(model_type='llama', hidden_size=128, num_hidden_layers=2, intermediate_size=256,\n\
+         \x20   num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5, vocab_size=101)\n\
+         model = llama.Model(a); model.set_dtype(mx.float16)\n\
+         ids = mx.random.randint(0, 101, (1, 40))\n\
+         def run():\n\
+         \x20   c = cache.make_prompt_cache(model)\n\
+         \x20   out = [model(ids, cache=c)]\n\
+         \x20   out.append(model(mx.argmax(out[0][:, -1:], axis=-1), cache=c))\n\
+         \x20   mx.eval(out); return out\n\
+         stock = llama.Attention.__call__\n\
+         ref = run()\n\
+         unpatch = m.patch_mlx_lm_llama(min_len=32)\n\
+         got = run()\n\
+         unpatch()\n\
+         assert llama.Attention.__call__ is stock\n\
+         assert unpatch.stats == {{'kernel': 2, 'stock': 2}} and unpatch.reasons == {{'short': 2}}, (unpatch.stats, unpatch.reasons)\n\
+         assert calls == [{{'B': 1, 'H': 4, 'Hkv': 2, 'L': 40, 'D': 64, 'causal': 1}}] * 2, calls\n\
+         for x, y in zip(got, ref):\n\
+         \x20   x, y = x.astype(mx.float32), y.astype(mx.float32)\n\
+         \x20   assert mx.all(mx.abs(x - y) <= 2e-2 + 2e-2 * mx.abs(y)).item(), mx.max(mx.abs(x - y)).item()\n\
+         print('PATCHED-OK')\n",
+        out = out.display().to_string(),
+    );
+    let p = std::process::Command::new(&py)
+        .arg("-c")
+        .arg(&script)
+        .current_dir(d.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&p.stdout);
+    assert!(p.status.success(), "{stdout}{}", String::from_utf8_lossy(&p.stderr));
+    assert!(stdout.contains("PATCHED-OK"), "{stdout}");
 }

@@ -1,0 +1,172 @@
+# ---- ksearch export: the mlx-lm Llama attention patch -----------------------------------------------
+#
+# `ksearch export <run> --mlx` appends this file after the tail (`ksearch_mlx/export_tail.py`) in a
+# module exported for the attention task, where it defines
+#
+#   patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None) -> unpatch
+#
+# with `attention` defaulting to the module's own `attention(q, k, v, causal)` (the searched
+# kernel), `admits` to the kernel's constraints and builds, `dtypes` to the kernel's input dtype.
+# Imported on its own (`from ksearch_mlx.export_llama import patch_mlx_lm_llama`) the attention
+# callable must be given; the tests and `bench/mlx_llama.py` use it so.
+#
+# Private names start with `_llama_` so that they cannot clash with the runtime's or the tail's.
+
+import math as _llama_math
+
+import mlx.core as mx
+
+# The shortest query length (prompt chunk) that runs the searched kernel; shorter ones, decode
+# (one token) among them, run mlx-lm's stock attention (mx.fast.scaled_dot_product_attention).
+# How it was chosen: on the H200 (2026-12-03, bench/h200-2026-12-03-mlx-attention.txt) the
+# task.toml wgmma kernel at its default tunables was slower than SDPA at every shape measured:
+# 0.83-0.92x one call at a time and 0.65-0.79x with 16 calls queued at L = 513..3072, 0.63x and
+# 0.26x at L = 1. Its fixed cost (a launch through mx.fast.precompiled_cuda_kernel, contiguous
+# copies of q, k and v) weighs most on short prompts, so 1024 keeps it to long prefill only; it
+# is not a measured crossover, since no length has been measured where this kernel wins. Pass
+# the min_len that `bench/mlx_llama.py` suggests for your kernel and model (the shortest length
+# from which the kernel beat SDPA at the model's attention shape), or a huge one for stock.
+LLAMA_MIN_LEN = 1024
+
+
+def _llama_module_defaults():
+    """(attention, admits, dtypes) of the exported module this file was appended to, or Nones."""
+    g = globals()
+    if g.get("CANDIDATE") is None or (g.get("TASK") or {}).get("name") != "attention":
+        return None, None, None
+    cand = g["CANDIDATE"]
+
+    def admits(axes):
+        try:
+            g["_tail_build_for"](cand, axes)
+        except ValueError:
+            return False
+        return True
+
+    dtypes = (g["expected_dtypes"](g["TASK"], g["BACKEND"])["q"],)
+    return g["attention"], admits, dtypes
+
+
+def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None):
+    """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
+    chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
+    (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
+    `mx.fast.scaled_dot_product_attention`; projections, RoPE, the KV cache update and o_proj are
+    stock's. Stock runs instead (the original method, or stock's SDPA after the cache update)
+    wherever the kernel's shape class does not hold:
+      "short"           fewer than `min_len` query tokens (decode: one token);
+      "quantized_cache" a quantised KV cache (mlx-lm's quantised attention);
+      "mask"            a mask other than "causal" or none (an array: sliding window, padding);
+      "cache_offset"    a cache that already holds tokens (chunked prefill, a continued prompt):
+                        the kernel attends L queries to the same L keys only;
+      "scale"           a scale other than 1/sqrt(head_dim), the kernel's;
+      "dtype"           q in a dtype outside `dtypes` (None: any);
+      "constraints"     `admits(axes)` is false (axes B, H, Hkv, L, D, causal).
+    In a module exported for the attention task `attention` defaults to the module's kernel,
+    `admits` to its constraints and builds (head sizes 64, 96, 128) and `dtypes` to its input
+    dtype (f16: a bf16 or f32 model keeps stock); imported on its own, `attention` is required
+    and `admits` / `dtypes` default to accepting everything.
+    `min_len`: see LLAMA_MIN_LEN (how the default was chosen).
+    Returns `unpatch()`, which restores the method found; `unpatch.stats` counts the calls per
+    path ({"kernel": n, "stock": n}), `unpatch.reasons` the stock calls per reason above."""
+    d_attention, d_admits, d_dtypes = _llama_module_defaults()
+    if attention is None:
+        attention = d_attention
+        if admits is None:
+            admits = d_admits
+        if dtypes is None:
+            dtypes = d_dtypes
+    if attention is None:
+        raise ValueError("patch_mlx_lm_llama: give attention= (a callable (q, k, v, causal) -> o)")
+    if not callable(attention):
+        raise TypeError("patch_mlx_lm_llama: attention must be callable")
+    min_len = int(min_len)
+    if min_len < 2:
+        raise ValueError("patch_mlx_lm_llama: min_len must be >= 2 (one-token decode always runs stock)")
+    dtypes = tuple(dtypes) if dtypes is not None else None
+
+    from mlx_lm.models import llama as _llama
+
+    cls = _llama.Attention
+    previous = cls.__dict__["__call__"]
+    stock = getattr(previous, "_ksearch_stock", previous)
+    stats = {"kernel": 0, "stock": 0}
+    reasons = {}
+
+    def stock_call(reason, self, x, mask, cache):
+        stats["stock"] += 1
+        reasons[reason] = reasons.get(reason, 0) + 1
+        return stock(self, x, mask, cache)
+
+    def __call__(self, x, mask=None, cache=None):
+        B, L, _ = x.shape
+        if L < min_len:
+            return stock_call("short", self, x, mask, cache)
+        if hasattr(cache, "bits"):
+            return stock_call("quantized_cache", self, x, mask, cache)
+        if not (mask is None or (isinstance(mask, str) and mask == "causal")):
+            return stock_call("mask", self, x, mask, cache)
+        if cache is not None:
+            off = getattr(cache, "offset", None)
+            if not (isinstance(off, int) and off == 0):
+                return stock_call("cache_offset", self, x, mask, cache)
+        if abs(self.scale * _llama_math.sqrt(self.head_dim) - 1.0) > 1e-6:
+            return stock_call("scale", self, x, mask, cache)
+
+        # stock's arithmetic (mlx-lm 0.32 llama.Attention.__call__) up to the attention
+        queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+        keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if cache is not None:
+            queries = self.rope(queries, offset=cache.offset)
+            keys = self.rope(keys, offset=cache.offset)
+            keys, values = cache.update_and_fetch(keys, values)
+        else:
+            queries = self.rope(queries)
+            keys = self.rope(keys)
+
+        causal = 1 if mask is not None else 0
+        axes = {"B": B, "H": queries.shape[1], "Hkv": keys.shape[1], "L": L, "D": queries.shape[3],
+                "causal": causal}
+        reason = None
+        if keys.shape[2] != L or values.shape[2] != L:
+            reason = "cache_offset"  # a cache that returned more (or fewer) keys than queries
+        elif dtypes is not None and queries.dtype not in dtypes:
+            reason = "dtype"
+        elif values.shape[3] != queries.shape[3] or keys.shape[1] != values.shape[1]:
+            reason = "constraints"
+        elif admits is not None and not admits(axes):
+            reason = "constraints"
+        if reason is None:
+            stats["kernel"] += 1
+            output = attention(queries, keys, values, causal=causal)
+            if output.dtype != queries.dtype:
+                output = output.astype(queries.dtype)
+        else:
+            stats["stock"] += 1
+            reasons[reason] = reasons.get(reason, 0) + 1
+            output = _llama.scaled_dot_product_attention(
+                queries, keys, values, cache=cache, scale=self.scale, mask=mask
+            )
+        output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return self.o_proj(output)
+
+    __call__._ksearch_stock = stock
+    __call__._ksearch_patched = True
+    cls.__call__ = __call__
+
+    def unpatch():
+        if cls.__dict__.get("__call__") is __call__:
+            cls.__call__ = previous
+
+    unpatch.stats = stats
+    unpatch.reasons = reasons
+    unpatch.min_len = min_len
+    return unpatch
+
+
+if globals().get("CANDIDATE") is not None and (globals().get("TASK") or {}).get("name") == "attention":
+    if "__all__" in globals() and "patch_mlx_lm_llama" not in __all__:  # noqa: F821 (the tail's)
+        __all__.append("patch_mlx_lm_llama")  # noqa: F821
+        __all__.append("LLAMA_MIN_LEN")  # noqa: F821

@@ -1,0 +1,251 @@
+"""Tests of ksearch_mlx/export_llama.py, the mlx-lm Llama attention patch of `ksearch export --mlx`
+modules for the attention task.
+
+They run on MLX's CPU back-end, where the searched CUDA kernel cannot run: the "kernel" is an
+attention written in MLX ops (f32 arithmetic, grouped-query heads), patched into a tiny random
+`mlx_lm.models.llama.Model` with GQA and compared with stock mlx-lm for prefill and for decode
+with a KV cache; the path counts say which path ran.
+
+    cd python && python -m pytest -q tests/test_export_llama.py
+"""
+import json
+import math
+import pathlib
+import types
+
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+from mlx_lm.models import cache as mlx_cache  # noqa: E402
+from mlx_lm.models import llama  # noqa: E402
+
+from ksearch_mlx import export_llama  # noqa: E402
+
+HERE = pathlib.Path(__file__).resolve().parent
+TAIL = HERE.parent / "ksearch_mlx" / "export_tail.py"
+LLAMA = HERE.parent / "ksearch_mlx" / "export_llama.py"
+STOCK = llama.Attention.__dict__["__call__"]
+
+
+@pytest.fixture(autouse=True)
+def restore_stock():
+    yield
+    llama.Attention.__call__ = STOCK
+
+
+def tiny_llama(dtype=mx.float32, head_dim=None, seed=0):
+    """2 layers, hidden 128, 4 query heads on 2 key/value heads (GQA), random weights."""
+    mx.random.seed(seed)
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, rms_norm_eps=1e-5,
+                           vocab_size=101, tie_word_embeddings=False)
+    m = llama.Model(args)
+    m.set_dtype(dtype)
+    mx.eval(m.parameters())
+    return m
+
+
+def standin(calls):
+    """The kernel's contract in MLX ops: q [B, H, L, D], k/v [B, Hkv, L, D], 1/sqrt(D) scale,
+    causal mask over the same L keys; f32 arithmetic, the result in q's dtype."""
+
+    def attention(q, k, v, causal=0):
+        calls.append({"q": q.shape, "k": k.shape, "causal": int(causal), "dtype": q.dtype})
+        B, H, L, D = q.shape
+        rep = H // k.shape[1]
+        f = mx.float32
+        qf = q.astype(f).reshape(B, k.shape[1], rep, L, D)
+        kf, vf = k.astype(f)[:, :, None], v.astype(f)[:, :, None]
+        s = (qf @ kf.swapaxes(-1, -2)) / math.sqrt(D)
+        if causal:
+            keep = mx.arange(L)[:, None] >= mx.arange(L)[None]
+            s = mx.where(keep, s, -mx.inf)
+        o = mx.softmax(s, axis=-1) @ vf
+        return o.reshape(B, H, L, D).astype(q.dtype)
+
+    return attention
+
+
+def prefill_and_decode(m, ids, steps, chunk=None):
+    """Logits of the prompt (one call, or chunks of `chunk` tokens) and of `steps` greedy decode
+    tokens, through a KV cache."""
+    c = mlx_cache.make_prompt_cache(m)
+    if chunk is None:
+        out = [m(ids, cache=c)]
+    else:
+        out = [m(ids[:, i : i + chunk], cache=c) for i in range(0, ids.shape[1], chunk)]
+    tok = mx.argmax(out[-1][:, -1:], axis=-1)
+    for _ in range(steps):
+        out.append(m(tok, cache=c))
+        tok = mx.argmax(out[-1][:, -1:], axis=-1)
+    mx.eval(out)
+    return out
+
+
+def assert_close(a, b, tol, what=""):
+    a, b = a.astype(mx.float32), b.astype(mx.float32)
+    diff = mx.abs(a - b)
+    bad = (diff > tol + tol * mx.abs(b)).sum().item()
+    assert a.shape == b.shape and bad == 0, f"{what}: {bad} elements differ, max {mx.max(diff).item():.3g}"
+
+
+TOL = {mx.float32: 1e-4, mx.float16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_prefill_runs_the_kernel_and_decode_stock_with_logits_as_stock(dtype):
+    m = tiny_llama(dtype)
+    ids = mx.random.randint(0, 101, (2, 24))
+    ref = prefill_and_decode(m, ids, 3)
+    calls = []
+    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=8)
+    assert llama.Attention.__call__ is not STOCK
+    got = prefill_and_decode(m, ids, 3)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert_close(a, b, TOL[dtype], what=f"call {i}")
+    # prefill: both layers through the kernel, causal, GQA shapes; decode: stock, one-token queries
+    assert unpatch.stats == {"kernel": 2, "stock": 6}, unpatch.stats
+    assert unpatch.reasons == {"short": 6}
+    assert [c["q"] for c in calls] == [(2, 4, 24, 32)] * 2 and [c["k"] for c in calls] == [(2, 2, 24, 32)] * 2
+    assert all(c["causal"] == 1 and c["dtype"] == dtype for c in calls)
+    unpatch()
+    assert llama.Attention.__call__ is STOCK
+    again = prefill_and_decode(m, ids, 0)
+    assert_close(again[0], ref[0], 0.0, "after unpatch")
+    assert len(calls) == 2 and unpatch.stats["kernel"] == 2
+
+
+def test_without_a_cache_and_with_a_wrong_kernel_the_logits_differ():
+    """The patched path is taken (a kernel that drops the causal mask changes the logits), so the
+    comparisons above compare the kernel path, not stock with itself."""
+    m = tiny_llama()
+    ids = mx.random.randint(0, 101, (1, 16))
+    ref = m(ids)
+    calls = []
+    good = standin(calls)
+    unpatch = export_llama.patch_mlx_lm_llama(good, min_len=2)
+    assert_close(m(ids), ref, 1e-4, "no cache")
+    assert unpatch.stats == {"kernel": 2, "stock": 0}
+    unpatch()
+    unpatch = export_llama.patch_mlx_lm_llama(lambda q, k, v, causal: good(q, k, v, 0), min_len=2)
+    diff = mx.max(mx.abs(m(ids) - ref)).item()
+    assert diff > 1e-2, diff
+    unpatch()
+
+
+def test_short_prompts_chunked_prefill_and_quantised_caches_keep_stock():
+    m = tiny_llama()
+    ids = mx.random.randint(0, 101, (1, 20))
+    ref_short = prefill_and_decode(m, ids[:, :6], 1)
+    ref_chunked = prefill_and_decode(m, ids, 1, chunk=10)
+    q_ref = m(ids, cache=[mlx_cache.QuantizedKVCache(group_size=32, bits=8) for _ in m.layers])
+    calls = []
+    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=8)
+    for a, b in zip(prefill_and_decode(m, ids[:, :6], 1), ref_short):
+        assert_close(a, b, 0.0, "short prompt")
+    assert unpatch.stats == {"kernel": 0, "stock": 4} and not calls
+    # the first chunk (empty cache) runs the kernel, the second (10 keys cached) stock
+    for a, b in zip(prefill_and_decode(m, ids, 1, chunk=10), ref_chunked):
+        assert_close(a, b, 1e-4, "chunked prefill")
+    assert unpatch.stats == {"kernel": 2, "stock": 8}
+    assert unpatch.reasons == {"short": 6, "cache_offset": 2}
+    # a quantised KV cache: mlx-lm's quantised attention
+    q_got = m(ids, cache=[mlx_cache.QuantizedKVCache(group_size=32, bits=8) for _ in m.layers])
+    assert_close(q_got, q_ref, 0.0, "quantised cache")
+    assert unpatch.reasons["quantized_cache"] == 2 and unpatch.stats["kernel"] == 2
+    unpatch()
+
+
+def test_an_array_mask_another_scale_or_dtype_keep_stock():
+    m = tiny_llama()
+    ids = mx.random.randint(0, 101, (1, 12))
+    calls = []
+    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=2, dtypes=(mx.float16,))
+    assert_close(m(ids), _stock_logits(m, ids), 0.0, "f32 model")
+    assert unpatch.reasons == {"dtype": 2} and not calls
+    attn = m.model.layers[0].self_attn
+    h = mx.random.normal((1, 12, 128))
+    mask = mx.tril(mx.ones((12, 12), dtype=mx.bool_))
+    attn(h, mask=mask)
+    assert unpatch.reasons["mask"] == 1
+    attn.scale = 0.5
+    attn(h, mask="causal")
+    assert unpatch.reasons["scale"] == 1 and not calls
+    unpatch()
+
+
+def _stock_logits(m, ids):
+    prev = llama.Attention.__dict__["__call__"]
+    llama.Attention.__call__ = STOCK
+    try:
+        return m(ids)
+    finally:
+        llama.Attention.__call__ = prev
+
+
+def test_arguments_are_checked_and_repatching_keeps_stock():
+    with pytest.raises(ValueError, match="give attention="):
+        export_llama.patch_mlx_lm_llama()  # imported on its own: no kernel of its own
+    with pytest.raises(ValueError, match="min_len"):
+        export_llama.patch_mlx_lm_llama(standin([]), min_len=1)
+    first = export_llama.patch_mlx_lm_llama(standin([]))
+    second = export_llama.patch_mlx_lm_llama(standin([]))
+    assert llama.Attention.__call__._ksearch_stock is STOCK and first.min_len == export_llama.LLAMA_MIN_LEN
+    second()
+    first()
+    assert llama.Attention.__call__ is STOCK
+
+
+# ---- appended to an exported attention module -------------------------------------------------------
+def load_exported_attention(candidate):
+    """TASK, CANDIDATE, BACKEND as `ksearch export` writes them, then the tail and this file (the
+    runtime's CompiledCandidate is not needed: KERNEL is replaced before any call)."""
+    tomllib = pytest.importorskip("tomllib")
+    t = tomllib.loads((HERE.parent.parent / "tasks" / "attention" / "task.toml").read_text())
+    task = {"name": t["name"], "axes": t["axes"], "description": "",
+            "inputs": [{k: i[k] for k in ("name", "shape", "dtype")} for i in t["inputs"]],
+            "outputs": [{k: o[k] for k in ("name", "shape", "dtype")} for o in t["outputs"]],
+            "backends": {"mlx-cuda": {"dtypes": {}}}}
+    mod = types.ModuleType("exported_attention_llama")
+    mod.json = json
+    gen = (f"TASK = json.loads(r'''{json.dumps(task)}''')\n"
+           f"CANDIDATE = json.loads(r'''{json.dumps(candidate)}''')\n"
+           'BACKEND = "mlx-cuda"\n')
+    text = gen + TAIL.read_text() + "\n" + LLAMA.read_text()
+    exec(compile(text, "<exported attention>", "exec"), mod.__dict__)
+    return mod
+
+
+def test_exported_module_patches_with_its_own_kernel_where_its_builds_admit():
+    cand = {"lang": "mlx_cuda", "source": "", "launches": [], "scratch": [], "options": {},
+            "defines": {"HD": 128}, "builds": [{"HD": 64}, {"HD": 96}], "constraints": ["HD == D", "H % Hkv == 0"]}
+    mod = load_exported_attention(cand)
+    assert "patch_mlx_lm_llama" in mod.__all__ and "attention" in mod.__all__
+    calls = []
+    ref_attention = standin(calls)
+    seen = []
+
+    def kernel(inputs, axes):  # stands in for KERNEL (the compiled builds)
+        seen.append((dict(axes), {n: a.dtype for n, a in inputs.items()}))
+        return {"o": ref_attention(inputs["q"], inputs["k"], inputs["v"], axes["causal"])}
+
+    mod.KERNEL = kernel
+    m = tiny_llama(mx.float16, head_dim=64)
+    ids = mx.random.randint(0, 101, (1, 16))
+    ref = prefill_and_decode(m, ids, 2)
+    unpatch = mod.patch_mlx_lm_llama(min_len=4)
+    for a, b in zip(prefill_and_decode(m, ids, 2), ref):
+        assert_close(a, b, TOL[mx.float16], "exported kernel")
+    assert unpatch.stats == {"kernel": 2, "stock": 4}
+    assert seen[0][0] == {"B": 1, "H": 4, "Hkv": 2, "L": 16, "D": 64, "causal": 1}
+    assert set(seen[0][1].values()) == {mx.float16}
+    unpatch()
+    # head size 32: no build admits it (HD == D); an f32 model: the kernel reads f16
+    for model, reason in ((tiny_llama(mx.float16), "constraints"), (tiny_llama(mx.float32, head_dim=64), "dtype")):
+        n = len(seen)
+        unpatch = mod.patch_mlx_lm_llama(min_len=4)
+        out = model(ids)
+        unpatch()
+        assert_close(out, _stock_logits(model, ids), 0.0, reason)
+        assert unpatch.reasons == {reason: 2} and len(seen) == n
