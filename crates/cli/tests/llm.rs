@@ -620,13 +620,16 @@ fn keyed_server(key: &'static str) -> Server {
 
 #[test]
 fn openai_api_key_is_used_by_default_and_api_key_env_chooses_another() {
+    // The subject is which key is sent: a run that ends with or without a faster kernel (exit
+    // 0 or 1) used it; a refused key would stop the run with exit 2.
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     let srv = keyed_server(KEY);
     let cfg = plain_config(d.path(), &srv.base_url(), "");
     // OPENAI_API_KEY, as every OpenAI client reads it.
     let store = d.path().join("a.db");
     let o = softmax_run(ks_loud(&store, &cfg).env("OPENAI_API_KEY", KEY), &["--rounds", "1"]);
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", out(&o));
     assert!(
         srv.requests()
             .iter()
@@ -643,7 +646,7 @@ fn openai_api_key_is_used_by_default_and_api_key_env_chooses_another() {
             .env("MY_LLM_KEY", KEY),
         &["--rounds", "1", "--api-key-env", "MY_LLM_KEY"],
     );
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", out(&o));
     let row = Store::open(&store).unwrap().run(last_run(&store)).unwrap();
     assert!(row.config.to_string().contains("MY_LLM_KEY"));
     assert_no_key(&store);
@@ -656,7 +659,7 @@ fn openai_api_key_is_used_by_default_and_api_key_env_chooses_another() {
             .env("TOML_LLM_KEY", KEY),
         &["--rounds", "1"],
     );
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{}", out(&o));
 }
 
 #[test]

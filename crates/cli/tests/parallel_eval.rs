@@ -348,7 +348,10 @@ fn a_run_reports_its_rate_and_overhead() {
         .lines()
         .find(|l| l.starts_with("evaluations: "))
         .unwrap_or_else(|| panic!("no accounting line in:\n{out}\n{}", String::from_utf8_lossy(&o.stderr)));
-    assert!(line.contains("/min; overhead ") && line.contains("% (compile "), "{line}");
+    assert!(
+        line.contains("/min; overhead ") && line.contains(" s between the pool's calls; compile "),
+        "{line}"
+    );
 }
 
 /// A compiler that goes missing during a run: the candidate it could not compile is not booked

@@ -391,6 +391,33 @@ fn a_new_best_is_timed_again_and_the_slower_reading_counts() {
     }
 }
 
+/// In a batch, every candidate faster than the best before it is re-timed in one batch (the
+/// device keeps several requests) instead of one request at a time while the batch is booked.
+#[test]
+fn a_batch_re_times_its_possible_new_bests_together() {
+    let b = Bench::new();
+    let cfg = b.config(6, 10);
+    // Every reading of a candidate is faster than the one before: each candidate of a batch
+    // looks like a new best against the best before the batch.
+    let readings = std::cell::Cell::new(0u32);
+    let (mut ev, log) = Scripted::new(move |c| match plain(c) {
+        Says::Time(_, s) if !c.seed => {
+            readings.set(readings.get() + 1);
+            Says::Time(50.0 / readings.get() as f64, s)
+        }
+        other => other,
+    });
+    ev.parallel = 3;
+    let (mut s, _) = b.search(&cfg, ev);
+    finished(s.run(stop(&cfg)).expect("run"));
+    let p = purposes(&b.db(), s.run_id());
+    assert!(p.iter().filter(|x| *x == "retime").count() >= 3, "re-timings: {p:?}");
+    // The first batch of three candidates (two builds each), then their re-timings in one batch.
+    let batches = log.borrow().batches.clone();
+    let first = batches.iter().position(|n| *n == 6).expect("a batch of three candidates");
+    assert_eq!(batches.get(first + 1), Some(&6), "{batches:?}");
+}
+
 #[test]
 fn the_answer_is_chosen_by_the_final_re_timing_not_the_search() {
     let b = Bench::new();
