@@ -1219,7 +1219,7 @@ impl Search {
                 }
                 Item::Booked(cand, key, reply) => {
                     self.round += 1;
-                    self.finish_node(id, cand, key, *reply, 0.0, parent_speedup)?;
+                    self.finish_node(id, cand, key, *reply, 0.0, parent_speedup, None)?;
                 }
                 Item::Duplicate(key) => match self.measured_with(id, &key) {
                     Some(prev) => {
@@ -1238,7 +1238,7 @@ impl Search {
                     }
                     self.round += 1;
                     let again = retimes.remove(&j);
-                    self.finish_node_with(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup, again)?;
+                    self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup, again)?;
                 }
             }
         }
@@ -1304,7 +1304,7 @@ impl Search {
                     FailureClass::Check,
                     format!("no candidate written (by the {} planner): {msg}", self.planner.name()),
                 );
-                self.finish_node(id, None, None, reply, 0.0, parent_speedup)?;
+                self.finish_node(id, None, None, reply, 0.0, parent_speedup, None)?;
                 return Ok(true);
             }
         };
@@ -1369,26 +1369,14 @@ impl Search {
             })?;
             bail!("{why}; fix it, then continue with `ksearch resume {rid}`");
         }
-        self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup)?;
+        self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup, None)?;
         Ok(true)
     }
 
-    fn finish_node(
-        &mut self,
-        id: i64,
-        cand: Option<(String, Candidate)>,
-        key: Option<String>,
-        reply: EvalReply,
-        wall: f64,
-        parent_speedup: Option<f64>,
-    ) -> Result<()> {
-        self.finish_node_with(id, cand, key, reply, wall, parent_speedup, None)
-    }
-
-    /// `finish_node`, with the candidate's re-timing when it was made ahead (a batch re-times
-    /// every candidate that may be a new best at once).
+    /// Book a node's evaluation. `again` is the candidate's re-timing when it was made ahead (a
+    /// batch re-times every candidate that may be a new best at once).
     #[allow(clippy::too_many_arguments)]
-    fn finish_node_with(
+    fn finish_node(
         &mut self,
         id: i64,
         cand: Option<(String, Candidate)>,
