@@ -234,7 +234,7 @@ def test_exported_module_patches_with_its_own_kernel_where_its_builds_admit():
     m = tiny_llama(mx.float16, head_dim=64)
     ids = mx.random.randint(0, 101, (1, 16))
     ref = prefill_and_decode(m, ids, 2)
-    unpatch = mod.patch_mlx_lm_llama(min_len=4)
+    unpatch = mod.patch_mlx_lm_llama(min_len=4, choose="always")
     for a, b in zip(prefill_and_decode(m, ids, 2), ref):
         assert_close(a, b, TOL[mx.float16], "exported kernel")
     assert unpatch.stats == {"kernel": 2, "stock": 4}
@@ -244,7 +244,7 @@ def test_exported_module_patches_with_its_own_kernel_where_its_builds_admit():
     # head size 32: no build admits it (HD == D); an f32 model: the kernel reads f16
     for model, reason in ((tiny_llama(mx.float16), "constraints"), (tiny_llama(mx.float32, head_dim=64), "dtype")):
         n = len(seen)
-        unpatch = mod.patch_mlx_lm_llama(min_len=4)
+        unpatch = mod.patch_mlx_lm_llama(min_len=4, choose="always")
         out = model(ids)
         unpatch()
         assert_close(out, _stock_logits(model, ids), 0.0, reason)
