@@ -398,23 +398,17 @@ fn store_with_best(db: &Path, cache: &Path, task_name: &str, kernel: &str, cand:
     store.insert_node(run, &n).unwrap();
 }
 
-/// The best kernel is a whole CUDA translation unit (attention's wgmma kernel, `form = "cuda"`):
-/// the module carries its source, the NVRTC helpers and its builds for the other head sizes,
-/// picks a build per call's shape and builds it for sm_90a on first use, without ksearch and
-/// without a GPU (the architecture given by KSEARCH_CUDA_ARCH). Needs NVRTC
-/// 13 for the interpreter (pip's nvidia-cuda-nvrtc); skips without it unless
-/// KSEARCH_REQUIRE_NVRTC=1.
-#[test]
-fn export_of_a_whole_cuda_unit_builds_it_with_nvrtc_on_first_use() {
-    let Some(py) = python() else { return };
-    let d = tempfile::tempdir().unwrap();
-    let db = d.path().join("s.db");
+/// A store whose run's best is the attention task's wgmma kernel for MLX CUDA at its defaults,
+/// exported with `ksearch export 1 --mlx` into `dir`: (the candidate's form, the module's path,
+/// the command's output).
+fn export_wgmma_attention(dir: &Path) -> (Option<String>, PathBuf, std::process::Output) {
+    let db = dir.join("s.db");
     let t = task("attention");
     let k = t.kernel(ksearch_core::Backend::MlxCuda, "flash_wgmma").unwrap();
     let cand = ksearch_search::planner::instantiate(ksearch_core::Backend::MlxCuda, k, &k.default_config());
-    assert_eq!(cand.options.get("form").and_then(|v| v.as_str()), Some("cuda"));
-    store_with_best(&db, d.path(), "attention", &k.name, &cand);
-    let out = d.path().join("attention_mlx.py");
+    let form = cand.options.get("form").and_then(|v| v.as_str()).map(str::to_string);
+    store_with_best(&db, dir, "attention", &k.name, &cand);
+    let out = dir.join("attention_mlx.py");
     let o = Command::cargo_bin("ksearch")
         .unwrap()
         .current_dir(repo())
@@ -429,6 +423,21 @@ fn export_of_a_whole_cuda_unit_builds_it_with_nvrtc_on_first_use() {
         ])
         .output()
         .unwrap();
+    (form, out, o)
+}
+
+/// The best kernel is a whole CUDA translation unit (attention's wgmma kernel, `form = "cuda"`):
+/// the module carries its source, the NVRTC helpers and its builds for the other head sizes,
+/// picks a build per call's shape and builds it for sm_90a on first use, without ksearch and
+/// without a GPU (the architecture given by KSEARCH_CUDA_ARCH). Needs NVRTC
+/// 13 for the interpreter (pip's nvidia-cuda-nvrtc); skips without it unless
+/// KSEARCH_REQUIRE_NVRTC=1.
+#[test]
+fn export_of_a_whole_cuda_unit_builds_it_with_nvrtc_on_first_use() {
+    let Some(py) = python() else { return };
+    let d = tempfile::tempdir().unwrap();
+    let (form, out, o) = export_wgmma_attention(d.path());
+    assert_eq!(form.as_deref(), Some("cuda"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(
@@ -493,26 +502,7 @@ fn the_attention_export_patches_mlx_lm_llama_with_its_own_kernel() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let db = d.path().join("s.db");
-    let t = task("attention");
-    let k = t.kernel(ksearch_core::Backend::MlxCuda, "flash_wgmma").unwrap();
-    let cand = ksearch_search::planner::instantiate(ksearch_core::Backend::MlxCuda, k, &k.default_config());
-    store_with_best(&db, d.path(), "attention", &k.name, &cand);
-    let out = d.path().join("attention_mlx.py");
-    let o = Command::cargo_bin("ksearch")
-        .unwrap()
-        .current_dir(repo())
-        .args([
-            "--store",
-            db.to_str().unwrap(),
-            "export",
-            "1",
-            "--mlx",
-            "-o",
-            out.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let (_, out, o) = export_wgmma_attention(d.path());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("patch_mlx_lm_llama()"),
