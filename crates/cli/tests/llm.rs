@@ -734,12 +734,14 @@ fn llama_cpp_handler(r: &Req, i: usize) -> Reply {
 
 #[test]
 fn a_server_that_rejects_json_schema_with_500_is_negotiated_once_and_remembered() {
+    // The subject is the negotiation: runs end with or without a faster kernel (exit 0 or 1).
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     let srv = Server::new(llama_cpp_handler);
     let cfg = config(d.path(), &srv.base_url(), "max_tokens = 3000");
     let store = d.path().join("s.db");
     let (id, o) = run(&store, &cfg, &["--rounds", "1"]);
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    check_exit(&o);
     assert!(calls(&store, id).iter().all(|c| c.error.is_none()), "{}", errors(&store, id));
     let first = srv.requests();
     let rejected = first
@@ -753,7 +755,7 @@ fn a_server_that_rejects_json_schema_with_500_is_negotiated_once_and_remembered(
     // The next run against the same server and model starts with json_object.
     let n = first.len();
     let (id2, o) = run(&store, &cfg, &["--rounds", "1"]);
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    check_exit(&o);
     let later = &srv.requests()[n..];
     assert!(!later.is_empty());
     assert!(
@@ -767,6 +769,8 @@ fn a_server_that_rejects_json_schema_with_500_is_negotiated_once_and_remembered(
 /// answers with plain text: the planner gets the schema in its prompt and the run works.
 #[test]
 fn a_server_that_rejects_every_structured_mode_gets_plain_text() {
+    // The subject is the plain-text fall-back: runs end with or without a faster kernel (exit 0 or 1).
+    plumbing_only();
     let d = tempfile::tempdir().unwrap();
     let srv = Server::new(|r, i| {
         if r.body.get("response_format").is_some() {
@@ -783,7 +787,7 @@ fn a_server_that_rejects_every_structured_mode_gets_plain_text() {
     let t0 = std::time::Instant::now();
     let (id, o) = run(&store, &cfg, &["--rounds", "1", "--time-budget", "120s"]);
     assert!(t0.elapsed() < Duration::from_secs(130));
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    check_exit(&o);
     assert!(calls(&store, id).iter().all(|c| c.error.is_none()), "{}", errors(&store, id));
     let plain: Vec<Req> = srv
         .requests()
@@ -798,7 +802,7 @@ fn a_server_that_rejects_every_structured_mode_gets_plain_text() {
         .args(["resume", &id.to_string(), "--rounds", "2"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    check_exit(&o);
     assert_eq!(Store::open(&store).unwrap().run(id).unwrap().round, 2);
     let later = &srv.requests()[n..];
     assert!(!later.is_empty() && later.iter().all(|r| r.body.get("response_format").is_none()));
