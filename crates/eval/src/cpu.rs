@@ -461,6 +461,8 @@ impl<'a> CpuDevice<'a> {
                 FailureClass::Crash,
                 with_tail(format!("kernel process exited with code {code} while {doing}")),
             ),
+            // Outputs read after a forged "done" cannot be believed, whatever they hold.
+            Death::Forged(why) => Stop::fatal(FailureClass::Wrong, format!("{why} while {doing}")),
         }
     }
 }

@@ -137,6 +137,9 @@ pub enum Death {
         fault: Option<u64>,
     },
     Exit(i32),
+    /// Its answer channel carried bytes the runner's loop did not write (candidate code wrote
+    /// to it: a forged "done"): the run's outputs and time cannot be believed.
+    Forged(String),
 }
 
 impl Runner {
@@ -307,6 +310,7 @@ impl Runner {
         match self.wait_death() {
             Death::Signal { sig, .. } => format!("{what}: killed by signal {sig}; {}", self.stderr_tail()),
             Death::Exit(c) => format!("{what}: exit {c}; {}", self.stderr_tail()),
+            Death::Forged(why) => format!("{what}: {why}"),
         }
     }
 
@@ -358,6 +362,15 @@ impl Runner {
             return Err(self.wait_death());
         }
         let seen = t.elapsed().as_secs_f64();
+        // The runner's answer is b'D' and its own clock; anything else on the channel was
+        // written by the candidate (it can reach every descriptor of its process).
+        if b[0] != b'D' {
+            self.kill();
+            return Err(Death::Forged(format!(
+                "the kernel wrote to the runner's answer channel (a forged reply: it began with byte {:#04x})",
+                b[0]
+            )));
+        }
         let said = f64::from_le_bytes(b[1..9].try_into().unwrap_or([0; 8]));
         let said = if said.is_finite() { said } else { seen };
         Ok(said.clamp((seen - self.channel_s).max(0.0), seen))
@@ -384,6 +397,18 @@ impl Runner {
                 self.exited = Some(st);
                 return Err(self.death_of(st));
             }
+        }
+        // Stopped after its answer, the runner has nothing more to say: bytes still waiting on
+        // its answer channel were written by the candidate (a forged reply ahead of the real
+        // one, whose outputs were read before the work was done, or after).
+        let mut waiting: libc::c_int = 0;
+        // SAFETY: FIONREAD on our end of the pipe, into a c_int.
+        let r = unsafe { libc::ioctl(self.replies.as_raw_fd(), libc::FIONREAD, &mut waiting) };
+        if r == 0 && waiting > 0 {
+            self.kill();
+            return Err(Death::Forged(format!(
+                "the kernel wrote to the runner's answer channel (a forged reply: {waiting} bytes beyond its answers)"
+            )));
         }
         let out = f(self);
         // SAFETY: as above.
