@@ -26,7 +26,7 @@ for spec in ${RUNS:-.gpu/ksearch:}; do
     extra=()
     [[ -n "$w" ]] && extra=(--workers "$w")
     t0=$(date +%s.%N)
-    KSEARCH_JUDGE_PROFILE="$OUTDIR/profile$n.txt" "$bin" --store "$d/store.db" run "$TASK" --backend cuda --rounds 500 --patience 500 --time-budget "$B" "${extra[@]}" > "$OUTDIR/run$n.txt" 2>&1
+    CUDA_CACHE_PATH="$d/nv-cache" KSEARCH_JUDGE_PROFILE="$OUTDIR/profile$n.txt" "$bin" --store "$d/store.db" run "$TASK" --backend cuda --rounds 500 --patience 500 --time-budget "$B" "${extra[@]}" > "$OUTDIR/run$n.txt" 2>&1
     rc=$?
     t1=$(date +%s.%N)
     echo "== $bin workers=${w:-default}: exit $rc, wall $(python3 -c "print(round($t1 - $t0, 1))") s"

@@ -349,7 +349,7 @@ fn a_run_reports_its_rate_and_overhead() {
         .find(|l| l.starts_with("evaluations: "))
         .unwrap_or_else(|| panic!("no accounting line in:\n{out}\n{}", String::from_utf8_lossy(&o.stderr)));
     assert!(
-        line.contains("/min; overhead ") && line.contains(" s between the pool's calls; compile "),
+        line.contains("/min; overhead ") && line.contains(" s with no request in the pool; compile "),
         "{line}"
     );
 }

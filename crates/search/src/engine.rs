@@ -17,7 +17,7 @@ use ksearch_core::task::{Task, Workload};
 use ksearch_core::tree::{Action, Assessment, Node, NodeStatus, Tree};
 use ksearch_store::Store;
 
-use crate::evaluator::Evaluator;
+use crate::evaluator::{Evaluator, Window};
 use crate::planner::{Ctx, Outcome, Planner, Proposal, TreeEdit, validate_edit};
 
 /// Everything a run needs, persisted as the run's config so `resume` continues alike.
@@ -144,6 +144,31 @@ macro_rules! ctx {
 
 /// A final re-timing: the seed's medians, the candidate's, and the worse spread of the two.
 type Pair = (Vec<f64>, Vec<f64>, f64);
+
+/// How the rounds ended.
+enum Flow {
+    /// A stop rule held (why); the final phase follows.
+    Reason(String),
+    /// The planner stopped the run (why); no final phase.
+    Stopped(String),
+    /// The run ended there (interrupted).
+    End(RunEnd),
+}
+
+/// A node's evaluation in flight (`Search::rounds_window`).
+struct Sub {
+    id: i64,
+    parent_speedup: Option<f64>,
+    key: String,
+    cand: Candidate,
+    kernel: String,
+    /// The requests in flight: the evaluation, or its re-timing.
+    plan: Planned,
+    /// An infrastructure failure was tried once more.
+    retried: bool,
+    /// The first reading of a possible new best (reply, wall share), while it is re-timed.
+    first: Option<(EvalReply, f64)>,
+}
 
 /// The requests of one evaluation (see `Search::plan`).
 struct Planned {
@@ -595,8 +620,18 @@ impl Search {
                 self.store.set_run_status(self.run_id, "stopped", Some(&why))?;
                 return Ok(RunEnd::Stopped { reason: why });
             }
-            let k = self.evaluator.parallelism().clamp(1, (stop.rounds - self.round) as usize);
-            let more = if k > 1 { self.step_batch(k)? } else { self.step()? };
+            let k = self.evaluator.parallelism().max(1);
+            if k > 1 {
+                match self.rounds_window(&stop, evals0, k)? {
+                    Flow::Reason(r) => break r,
+                    Flow::Stopped(why) => {
+                        self.store.set_run_status(self.run_id, "stopped", Some(&why))?;
+                        return Ok(RunEnd::Stopped { reason: why });
+                    }
+                    Flow::End(end) => return Ok(end),
+                }
+            }
+            let more = self.step()?;
             if !more {
                 break "no open actions left".to_string();
             }
@@ -1075,185 +1110,268 @@ impl Search {
             .cloned()
     }
 
-    /// Up to `k` rounds at once: the policy's top `k` open nodes are written, their candidates
-    /// evaluated in one batch, and the results booked in order, each as one round (exactly as
-    /// `step` books one). Returns false when nothing is left to try.
-    fn step_batch(&mut self, k: usize) -> Result<bool> {
-        let mut ids = Vec::new();
-        while ids.len() < k {
-            match self.select_open(&ids) {
-                Some(id) => ids.push(id),
-                None => break,
-            }
-        }
-        if ids.is_empty() {
-            return Ok(false);
-        }
-        let rid = self.run_id;
-        let r0 = self.round;
-        let mut snaps = Vec::new();
-        for id in &ids {
-            let n = self.tree.nodes.get_mut(id).expect("selected node exists");
-            n.status = NodeStatus::Running;
-            n.attempts += 1;
-            snaps.push(n.clone());
-        }
-        // Persisted as started: a kill now leaves them running, reopened by `resume`, and the
-        // round counter there counts booked rounds only.
-        self.store.atomic(|s| {
-            for n in &snaps {
-                s.update_node(n)?;
-            }
-            s.set_run_round(rid, r0 + ids.len() as u32)
-        })?;
-        /// What became of a node of the batch before the evaluation.
-        enum Item {
-            /// Not written now (the planner must stop or retry later): open again.
-            Later(String),
-            /// Written, nothing to evaluate (no candidate, or a static check failed).
-            Booked(Option<(String, Candidate)>, Option<String>, Box<EvalReply>),
-            /// A duplicate of an earlier node (of the tree, or of this batch: booked after it).
-            Duplicate(String),
-            /// Evaluated: its plan's index in the batch.
-            Eval(String, Candidate, String, usize),
-        }
-        let mut items: Vec<(i64, Option<f64>, Item)> = Vec::new();
-        let mut plans = Vec::new();
-        for (i, id) in ids.iter().copied().enumerate() {
-            self.round = r0 + i as u32 + 1;
-            let node = self.tree.get(id).cloned().expect("node");
-            let parent_speedup = node.parent.and_then(|p| self.tree.get(p)).and_then(|p| p.speedup);
-            let written = self.planner.write(&ctx!(self), &node);
-            self.planner_notes();
-            let item = match written {
-                Err(msg) if self.planner.stop_reason().is_some() || self.planner.retry_later() => Item::Later(msg),
-                Err(msg) => Item::Booked(
-                    None,
-                    None,
-                    Box::new(EvalReply::failed(
-                        0,
-                        FailureClass::Check,
-                        format!("no candidate written (by the {} planner): {msg}", self.planner.name()),
-                    )),
-                ),
-                Ok(w) => {
-                    let key = w.candidate.key();
-                    let in_batch = items.iter().any(|(_, _, it)| matches!(it, Item::Eval(k2, ..) if *k2 == key));
-                    if in_batch || self.measured_with(id, &key).is_some() {
-                        Item::Duplicate(key)
-                    } else {
-                        match self.static_check(&w.candidate) {
-                            Some(f) => Item::Booked(
-                                Some((w.kernel, w.candidate)),
-                                Some(key),
-                                Box::new(EvalReply::failed(self.evals, f.class, f.message)),
-                            ),
-                            None => {
-                                let b = self.task.backend(self.cfg.backend).expect("backend").clone();
-                                plans.push(self.plan(&w.candidate, &w.kernel, &b.search, false));
-                                Item::Eval(key, w.candidate, w.kernel, plans.len() - 1)
-                            }
-                        }
-                    }
-                }
-            };
-            items.push((id, parent_speedup, item));
-        }
-        self.round = r0;
-        let mut replies: Vec<Option<(EvalReply, f64)>> = self.evaluate_batch(plans).into_iter().map(Some).collect();
-        // An infrastructure failure is tried once more (the others of the batch are kept).
-        for (_, _, it) in &items {
-            if let Item::Eval(_, c, kernel, j) = it
-                && replies[*j].as_ref().is_some_and(|(r, _)| r.infra())
-            {
-                let (c, kernel) = (c.clone(), kernel.clone());
-                self.log("infrastructure failure, trying once more");
-                replies[*j] = Some(self.evaluate_search(&c, &kernel));
-            }
-        }
-        if self.interrupted() {
-            // Stopped while they were measured: nothing of the batch is booked.
-            for id in &ids {
-                self.reopen(*id)?;
-            }
-            self.store.set_run_round(rid, r0)?;
-            return Ok(true);
-        }
-        // A new best is re-timed before it is believed (`finish_node`). Every candidate of the
-        // batch that may turn out one (faster than the best before the batch) is re-timed here,
-        // all in one batch, instead of one request at a time while the batch is booked.
-        let mut retimes: BTreeMap<usize, (EvalReply, f64)> = BTreeMap::new();
-        let best0 = self.best_speedup();
-        let ahead: Vec<(usize, Candidate, String)> = items
-            .iter()
-            .filter_map(|(_, _, it)| match it {
-                Item::Eval(_, c, kernel, j) => replies[*j]
-                    .as_ref()
-                    .filter(|(r, _)| failure_of(r).is_none() && self.speedup(r).is_some_and(|s| s > best0 * 1.01))
-                    .map(|_| (*j, c.clone(), kernel.clone())),
-                _ => None,
-            })
-            .collect();
-        if ahead.len() > 1 {
-            let b = self.task.backend(self.cfg.backend).expect("backend").clone();
-            let plans: Vec<Planned> = ahead.iter().map(|(_, c, k)| self.plan(c, k, &b.search, false)).collect();
-            let again = self.evaluate_batch(plans);
-            for ((j, _, _), r) in ahead.iter().zip(again) {
-                retimes.insert(*j, r);
-            }
-            if self.interrupted() {
-                for id in &ids {
-                    self.reopen(*id)?;
-                }
-                self.store.set_run_round(rid, r0)?;
-                return Ok(true);
-            }
-        }
+    /// The rounds with `k` nodes in flight: whenever a node's evaluation comes back it is
+    /// booked (one round, exactly as `step` books one) and the policy's next open node is
+    /// written and handed over, so the evaluator always has `k` candidates to work on and a
+    /// device never waits for the slowest of a batch. A possible new best (faster than the best
+    /// when it came back) is re-timed before it is booked, as another submission. The window
+    /// stops taking nodes when a stop rule holds (counting the rounds in flight), then books
+    /// what is in flight. Returns why the rounds ended.
+    fn rounds_window(&mut self, stop: &StopRules, evals0: u64, k: usize) -> Result<Flow> {
+        let mut subs: BTreeMap<u64, Sub> = BTreeMap::new();
+        // Nodes whose candidate is a duplicate of one in flight: booked after it.
+        let mut twins: Vec<(i64, String)> = Vec::new();
+        let mut window = Window::default();
+        let mut next_tag = 0u64;
+        let mut last = Instant::now();
+        let mut ended: Option<Flow> = None;
         let mut infra: Option<String> = None;
-        let mut later = Vec::new();
-        for (id, parent_speedup, item) in items {
-            match item {
-                Item::Later(msg) => {
-                    self.reopen(id)?;
-                    later.push(format!("node {id} not written: {msg}"));
+        let mut cancelled = false;
+        // The planner could not write a node now (it retries later): the window may be empty.
+        let mut retry = false;
+        loop {
+            self.planner_notes();
+            // Fill the window.
+            while ended.is_none() && infra.is_none() && !self.interrupted() {
+                let flying: Vec<i64> = subs.values().map(|s| s.id).chain(twins.iter().map(|t| t.0)).collect();
+                let in_flight = subs.len() as u32;
+                if subs.len() >= k {
+                    break;
                 }
-                Item::Booked(cand, key, reply) => {
-                    self.round += 1;
-                    self.finish_node(id, cand, key, *reply, 0.0, parent_speedup, None)?;
+                if let Some(f) = self.stop_check(stop, flying.len() as u32, in_flight) {
+                    ended = Some(f);
+                    break;
                 }
-                Item::Duplicate(key) => match self.measured_with(id, &key) {
-                    Some(prev) => {
-                        self.round += 1;
-                        self.book_duplicate(id, &prev, key)?;
+                let Some(id) = self.select_open(&flying) else {
+                    if subs.is_empty() {
+                        ended = Some(Flow::Reason("no open actions left".into()));
                     }
-                    // Its twin of this batch was not booked (an infrastructure failure).
-                    None => self.reopen(id)?,
-                },
-                Item::Eval(key, cand, kernel, j) => {
-                    let (reply, wall) = replies[j].take().unwrap_or_default();
-                    if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
-                        infra.get_or_insert_with(|| first_line(&f.message).to_string());
+                    break;
+                };
+                self.start_node(id)?;
+                let node = self.tree.get(id).cloned().expect("node");
+                let parent_speedup = node.parent.and_then(|p| self.tree.get(p)).and_then(|p| p.speedup);
+                let written = self.planner.write(&ctx!(self), &node);
+                self.planner_notes();
+                let w = match written {
+                    Err(msg) if self.planner.stop_reason().is_some() || self.planner.retry_later() => {
+                        // Not tried: open again, for a later round or `resume`.
                         self.reopen(id)?;
+                        let r = self.round;
+                        self.log(&format!("round {r}: node {id} not written: {msg}"));
+                        self.check_fatal()?;
+                        retry = true;
+                        break;
+                    }
+                    Err(msg) => {
+                        let reply = EvalReply::failed(
+                            0,
+                            FailureClass::Check,
+                            format!("no candidate written (by the {} planner): {msg}", self.planner.name()),
+                        );
+                        self.book(id, None, None, reply, 0.0, parent_speedup, None, evals0)?;
                         continue;
                     }
+                    Ok(w) => w,
+                };
+                let key = w.candidate.key();
+                if subs.values().any(|s| s.key == key) {
+                    twins.push((id, key));
+                    continue;
+                }
+                if let Some(prev) = self.measured_with(id, &key) {
                     self.round += 1;
-                    let again = retimes.remove(&j);
-                    self.finish_node(id, Some((kernel, cand)), Some(key), reply, wall, parent_speedup, again)?;
+                    self.book_duplicate(id, &prev, key)?;
+                    self.round_event(evals0)?;
+                    continue;
+                }
+                if let Some(f) = self.static_check(&w.candidate) {
+                    let reply = EvalReply::failed(self.evals, f.class, f.message);
+                    self.book(id, Some((w.kernel, w.candidate)), Some(key), reply, 0.0, parent_speedup, None, evals0)?;
+                    continue;
+                }
+                let b = self.task.backend(self.cfg.backend).expect("backend").clone();
+                let plan = self.plan(&w.candidate, &w.kernel, &b.search, false);
+                window.submit(self.evaluator.as_mut(), next_tag, plan.reqs.clone(), false);
+                let sub = Sub {
+                    id,
+                    parent_speedup,
+                    key,
+                    cand: w.candidate,
+                    kernel: w.kernel,
+                    plan,
+                    retried: false,
+                    first: None,
+                };
+                subs.insert(next_tag, sub);
+                next_tag += 1;
+            }
+            if (self.interrupted() || infra.is_some()) && !cancelled {
+                // Stop what has not started; what runs finishes and is booked.
+                window.cancel_queued(self.evaluator.as_mut());
+                cancelled = true;
+            }
+            if subs.is_empty() {
+                if std::mem::take(&mut retry) && ended.is_none() && infra.is_none() && !self.interrupted() {
+                    continue;
+                }
+                break;
+            }
+            let Some((tag, replies)) = window.wait_any(self.evaluator.as_mut()) else {
+                // The evaluator lost what was in flight: open again, stop the run.
+                for s in std::mem::take(&mut subs).into_values() {
+                    self.reopen(s.id)?;
+                }
+                infra.get_or_insert_with(|| "the evaluator gave no reply".into());
+                break;
+            };
+            let Some(mut sub) = subs.remove(&tag) else { continue };
+            // Each evaluation's share of the wall time: the time since the one before came back.
+            let share = last.elapsed().as_secs_f64();
+            last = Instant::now();
+            self.eval_wall.0 += share;
+            self.eval_wall.1 += 1;
+            let reply = self.merge(&sub.plan, replies);
+            if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
+                if !sub.retried && !self.interrupted() && infra.is_none() {
+                    self.log("infrastructure failure, trying once more");
+                    sub.retried = true;
+                    window.submit(self.evaluator.as_mut(), next_tag, sub.plan.reqs.clone(), false);
+                    subs.insert(next_tag, sub);
+                    next_tag += 1;
+                    continue;
+                }
+                if !self.interrupted() {
+                    infra.get_or_insert_with(|| first_line(&f.message).to_string());
+                }
+                self.reopen(sub.id)?;
+                for (t, _) in twins.extract_if(.., |(_, key)| *key == sub.key) {
+                    self.reopen(t)?;
+                }
+                continue;
+            }
+            let (reply, wall, again) = match sub.first.take() {
+                // The re-timing of a possible new best came back.
+                Some(first) => (first.0, first.1, Some((reply, share))),
+                None => {
+                    let maybe_best = failure_of(&reply).is_none()
+                        && self.speedup(&reply).is_some_and(|s| s > self.best_speedup() * 1.01);
+                    if maybe_best && (self.interrupted() || infra.is_some()) {
+                        // Not believed before it is re-timed, and nothing more is handed over.
+                        self.reopen(sub.id)?;
+                        for (t, _) in twins.extract_if(.., |(_, key)| *key == sub.key) {
+                            self.reopen(t)?;
+                        }
+                        continue;
+                    }
+                    if maybe_best {
+                        sub.first = Some((reply, share));
+                        let b = self.task.backend(self.cfg.backend).expect("backend").clone();
+                        sub.plan = self.plan(&sub.cand, &sub.kernel, &b.search, false);
+                        window.submit(self.evaluator.as_mut(), next_tag, sub.plan.reqs.clone(), false);
+                        subs.insert(next_tag, sub);
+                        next_tag += 1;
+                        continue;
+                    }
+                    (reply, share, None)
+                }
+            };
+            let Sub {
+                id,
+                parent_speedup,
+                key,
+                cand,
+                kernel,
+                ..
+            } = sub;
+            self.book(id, Some((kernel, cand)), Some(key.clone()), reply, wall, parent_speedup, again, evals0)?;
+            for (t, _) in twins.extract_if(.., |(_, k2)| *k2 == key) {
+                match self.measured_with(t, &key) {
+                    Some(prev) => {
+                        self.round += 1;
+                        self.book_duplicate(t, &prev, key.clone())?;
+                        self.round_event(evals0)?;
+                    }
+                    None => self.reopen(t)?,
                 }
             }
         }
-        let r = self.round;
-        self.store.set_run_round(rid, r)?;
-        for l in later {
-            self.log(&format!("round {r}: {l}"));
+        for (t, _) in std::mem::take(&mut twins) {
+            self.reopen(t)?;
         }
-        self.check_fatal()?;
+        let rid = self.run_id;
+        self.store.set_run_round(rid, self.round)?;
+        if self.interrupted() {
+            return self.mark_interrupted().map(Flow::End);
+        }
         if let Some(why) = infra {
             let why = format!("infrastructure failure (not the candidate's): {why}");
             self.store.set_run_status(rid, "stopped", Some(&why))?;
             bail!("{why}; fix it, then continue with `ksearch resume {rid}`");
         }
-        Ok(true)
+        Ok(ended.unwrap_or_else(|| Flow::Reason("no open actions left".into())))
+    }
+
+    /// A node is taken: running, one more attempt (a kill now leaves it running; `resume`
+    /// reopens it and counts booked rounds only).
+    fn start_node(&mut self, id: i64) -> Result<()> {
+        let n = self.tree.nodes.get_mut(&id).expect("selected node exists");
+        n.status = NodeStatus::Running;
+        n.attempts += 1;
+        let snap = n.clone();
+        self.store.update_node(&snap)?;
+        Ok(())
+    }
+
+    /// Book a node as one round and say so.
+    #[allow(clippy::too_many_arguments)]
+    fn book(
+        &mut self,
+        id: i64,
+        cand: Option<(String, Candidate)>,
+        key: Option<String>,
+        reply: EvalReply,
+        wall: f64,
+        parent_speedup: Option<f64>,
+        again: Option<(EvalReply, f64)>,
+        evals0: u64,
+    ) -> Result<()> {
+        self.round += 1;
+        self.finish_node(id, cand, key, reply, wall, parent_speedup, again)?;
+        self.check_fatal()?;
+        self.round_event(evals0)
+    }
+
+    fn round_event(&mut self, evals0: u64) -> Result<()> {
+        let evaluations = self.store.count_evaluations(self.run_id)?.saturating_sub(evals0);
+        let best = self.best_speedup();
+        (self.events)(&Event::Round {
+            round: self.round,
+            best,
+            evaluations,
+        });
+        Ok(())
+    }
+
+    /// The stop rule that holds before one more node is taken, with `flying` nodes taken and
+    /// not booked, `in_flight` of them being evaluated (they finish before the final phase).
+    fn stop_check(&mut self, stop: &StopRules, flying: u32, in_flight: u32) -> Option<Flow> {
+        if self.round + flying >= stop.rounds {
+            return Some(Flow::Reason("round budget reached".into()));
+        }
+        if let Some(b) = stop.time_budget
+            && self.started.elapsed() + self.final_reserve() + self.per_eval_s() * (in_flight + 1) >= b
+        {
+            // The budget covers the final phase and what is in flight.
+            return Some(Flow::Reason(format!("time budget {} reached", humantime::format_duration(b))));
+        }
+        if self.rounds_since_best >= stop.patience {
+            return Some(Flow::Reason(format!("plateau: no new best in {} rounds", stop.patience)));
+        }
+        if let Some(why) = self.planner.stop_reason() {
+            return Some(Flow::Stopped(why));
+        }
+        None
     }
 
     /// One round. Returns false when nothing is left to try.

@@ -92,6 +92,8 @@ struct Log {
     requests: Vec<EvalRequest>,
     /// Sizes of the batches handed over.
     batches: Vec<usize>,
+    /// The most submissions outstanding at once (an evaluator that `streams`).
+    most_queued: usize,
     /// Panic (a simulated kill) when this many requests have been answered.
     kill_after: Option<usize>,
     /// Panic on the first request once the engine says it is finishing.
@@ -111,6 +113,10 @@ struct Scripted {
     log: Rc<RefCell<Log>>,
     /// Requests it says it evaluates at once.
     parallel: usize,
+    /// Overlap submissions (`streams`): answer the one submitted last first, so that the
+    /// engine gets its nodes back out of order.
+    lifo: bool,
+    queued: Vec<(u64, Vec<EvalRequest>)>,
 }
 
 impl Scripted {
@@ -122,6 +128,8 @@ impl Scripted {
                 seen: BTreeMap::new(),
                 log: log.clone(),
                 parallel: 1,
+                lifo: false,
+                queued: Vec::new(),
             },
             log,
         )
@@ -211,6 +219,24 @@ impl Evaluator for Scripted {
     fn parallelism(&self) -> usize {
         self.parallel
     }
+
+    fn streams(&self) -> bool {
+        self.lifo
+    }
+
+    fn submit(&mut self, tag: u64, reqs: Vec<EvalRequest>, _same_device: bool) {
+        self.queued.push((tag, reqs));
+        let mut l = self.log.borrow_mut();
+        l.most_queued = l.most_queued.max(self.queued.len());
+    }
+
+    fn wait_any(&mut self) -> Option<(u64, Vec<EvalReply>)> {
+        let (tag, reqs) = self.queued.pop()?;
+        self.log.borrow_mut().batches.push(reqs.len());
+        Some((tag, reqs.iter().map(|r| self.one(r)).collect()))
+    }
+
+    fn cancel_queued(&mut self) {}
 }
 
 /// A shape-tied build that does not match its workload computes garbage.
@@ -762,4 +788,57 @@ fn dups(db: &Path, run: i64) -> u32 {
         .filter(|n| n.parent.is_some() && n.round_evaluated.is_some())
         .filter(|n| !ev.iter().any(|e| e.purpose == "search" && e.node_id == Some(n.id)))
         .count() as u32
+}
+
+/// An evaluator that answers out of order (the node handed over last comes back first): every
+/// node is booked once, as one round, and the search measures what it measures one at a time.
+#[test]
+fn nodes_that_come_back_out_of_order_are_each_booked_once() {
+    let b1 = Bench::new();
+    let cfg = b1.config(60, 60);
+    let (ev, _) = Scripted::new(plain);
+    let (mut s, _) = b1.search(&cfg, ev);
+    let r1 = finished(s.run(stop(&cfg)).expect("run, one at a time"));
+    let run1 = s.run_id();
+    drop(s);
+    let b3 = Bench::new();
+    let (mut ev, log) = Scripted::new(plain);
+    ev.parallel = 3;
+    ev.lifo = true;
+    let (mut s, events) = b3.search(&cfg, ev);
+    let r3 = finished(s.run(stop(&cfg)).expect("run, out of order"));
+    let run3 = s.run_id();
+    drop(s);
+    assert_eq!(r3.stop_reason, "no open actions left");
+    assert_eq!(measured(&b1.db(), run1), measured(&b3.db(), run3));
+    assert_eq!((r1.speedup, r1.rounds), (r3.speedup, r3.rounds));
+    let store = Store::open(&b3.db()).unwrap();
+    let evals = store.evaluations(run3, None).unwrap();
+    let mut per_node = BTreeMap::new();
+    for e in evals.iter().filter(|e| e.purpose == "search") {
+        *per_node.entry(e.node_id).or_insert(0) += 1;
+    }
+    assert!(per_node.values().all(|n| *n == 1), "{per_node:?}");
+    assert_eq!(per_node.len() as u32, r3.rounds - dups(&b3.db(), run3));
+    // Rounds are numbered 1, 2, 3… in the order they were booked, none twice.
+    let mut rounds: Vec<u32> = store
+        .nodes(run3)
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.round_evaluated)
+        .filter(|r| *r > 0)
+        .collect();
+    rounds.sort();
+    assert_eq!(rounds, (1..=r3.rounds).collect::<Vec<_>>());
+    let announced: Vec<u32> = events
+        .borrow()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Round { round, .. } => Some(*round),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(announced, (1..=r3.rounds).collect::<Vec<_>>());
+    // Three nodes in flight at once.
+    assert_eq!(log.borrow().most_queued, 3);
 }
