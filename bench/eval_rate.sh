@@ -25,6 +25,7 @@ for spec in ${RUNS:-.gpu/ksearch:}; do
     d=$(mktemp -d)
     extra=()
     [[ -n "$w" ]] && extra=(--workers "$w")
+    rm -f "$OUTDIR/profile$n.txt"
     t0=$(date +%s.%N)
     CUDA_CACHE_PATH="$d/nv-cache" KSEARCH_JUDGE_PROFILE="$OUTDIR/profile$n.txt" "$bin" --store "$d/store.db" run "$TASK" --backend cuda --rounds 500 --patience 500 --time-budget "$B" "${extra[@]}" > "$OUTDIR/run$n.txt" 2>&1
     rc=$?
