@@ -333,6 +333,9 @@ def main():
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens before decode (1024; tiny 64)")
     ap.add_argument("--budget", type=float, default=170.0, help="seconds; phases that would start past it are skipped")
     ap.add_argument("--no-f32", action="store_true", help="skip the f32 reference logits")
+    ap.add_argument("--choose", default="always", choices=("always", "measured"),
+                    help="patch_mlx_lm_llama's choice: always the kernel (to measure it), or measured "
+                         "(the patch's default: per shape class the faster of kernel and stock)")
     a = ap.parse_args()
 
     cfg = TINY if a.tiny else FULL
@@ -345,7 +348,7 @@ def main():
     standin = a.standin or (cpu and not a.module)
 
     res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mlx": mx.__version__,
-           "device": str(mx.default_device()), "config": cfg, "dtype": "f16", "min_len": min_len,
+           "device": str(mx.default_device()), "config": cfg, "dtype": "f16", "min_len": min_len, "choose": a.choose,
            "attention": "stand-in (MLX ops)" if standin else (a.module or "task.toml flash_wgmma defaults"),
            "skipped": [], "errors": []}
     try:
@@ -358,10 +361,10 @@ def main():
     if a.module:
         patch, attention = module_patch(a.module)
         admits = None
-        unpatch = patch(min_len=min_len, choose="always")
+        unpatch = patch(min_len=min_len, choose=a.choose)
     else:
         attention, admits = standin_attention() if standin else kernel_attention()
-        unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose="always")
+        unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose=a.choose)
     tg = Toggle(unpatch)
     model, args = make_model(cfg, mx.float16)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
@@ -401,7 +404,7 @@ def main():
     c = cfg
     lines = [f"== mlx-lm Llama ({c['num_hidden_layers']} layers, hidden {c['hidden_size']}, {c['num_attention_heads']}/"
              f"{c['num_key_value_heads']} heads x {c['head_dim']}, MLP {c['intermediate_size']}, vocab {c['vocab_size']}, f16,"
-             f" {res['parameters'] / 1e6:.0f} M params): stock vs patched ({res['attention']}, min_len {min_len}),"
+             f" {res['parameters'] / 1e6:.0f} M params): stock vs patched ({res['attention']}, min_len {min_len}, choose {a.choose}),"
              f" {res['date']}, mlx {mx.__version__}, {res['device']} =="]
     if res["attention_alone"]:
         lines.append(f"{'attention alone (B=1, causal)':<32} {'L':>6} {'kernel ms':>10} {'SDPA ms':>9} {'ratio':>6}")
