@@ -128,6 +128,19 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     stats = {"kernel": 0, "stock": 0}
     reasons = {}
 
+    # What `admits` said per shape: it evaluates the kernel's constraints and builds in Python
+    # (~0.1 ms), once per layer and call otherwise, which a prefill of 16 layers notices.
+    admitted = {}
+
+    def _admitted(axes):
+        k = tuple(sorted(axes.items()))
+        ok = admitted.get(k)
+        if ok is None:
+            if len(admitted) >= 4096:
+                admitted.clear()
+            ok = admitted[k] = bool(admits(axes))
+        return ok
+
     def stock_call(reason, self, x, mask, cache):
         stats["stock"] += 1
         reasons[reason] = reasons.get(reason, 0) + 1
@@ -164,6 +177,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         causal = 1 if mask is not None else 0
         axes = {"B": B, "H": queries.shape[1], "Hkv": keys.shape[1], "L": L, "D": queries.shape[3],
                 "causal": causal}
+        key = _llama_shape_class(axes, queries.dtype)
         reason = None
         if keys.shape[2] != L or values.shape[2] != L:
             reason = "cache_offset"  # a cache that returned more (or fewer) keys than queries
@@ -171,13 +185,14 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
             reason = "dtype"
         elif values.shape[3] != queries.shape[3] or keys.shape[1] != values.shape[1]:
             reason = "constraints"
-        elif admits is not None and not admits(axes):
+        elif choose == "measured" and key in choices and not choices[key][2]:
+            reason = "slower"  # decided for this shape class: nothing more to check
+        elif admits is not None and not _admitted(axes):
             reason = "constraints"
         def sdpa():
             return _llama.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
 
         if reason is None and choose == "measured":
-            key = _llama_shape_class(axes, queries.dtype)
             if key not in choices:
                 try:
                     mx.eval(queries, keys, values)
@@ -213,6 +228,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.reasons = reasons
     unpatch.min_len = min_len
     unpatch.choices = choices
+    unpatch.admitted = admitted
     return unpatch
 
 

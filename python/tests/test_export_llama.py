@@ -290,3 +290,42 @@ def test_measured_choice_keeps_the_faster_per_shape_class(monkeypatch, kernel_fa
 def test_choose_is_checked():
     with pytest.raises(ValueError, match="choose"):
         export_llama.patch_mlx_lm_llama(standin([]), choose="sometimes")
+
+
+def test_a_shapes_constraints_are_evaluated_once_not_per_layer_call():
+    """`admits` evaluates the kernel's constraints and builds in Python; the patch asks it once
+    per shape, and not at all for a shape class already timed slower, so that a prefill through
+    many layers pays nothing per call for it."""
+    asked = []
+
+    def admits(axes):
+        asked.append(dict(axes))
+        return True
+
+    m = tiny_llama()
+    ids = mx.random.randint(0, 101, (1, 24))
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, admits=admits, choose="always")
+    for _ in range(3):
+        mx.eval(m(ids))
+    unpatch()
+    assert unpatch.stats == {"kernel": 6, "stock": 0}
+    assert len(asked) == 1 and asked[0]["L"] == 24, asked
+    assert len(unpatch.admitted) == 1
+
+
+def test_a_shape_class_timed_slower_skips_the_constraints(monkeypatch):
+    asked = []
+
+    def admits(axes):
+        asked.append(axes["L"])
+        return True
+
+    monkeypatch.setattr(export_llama, "_llama_time", lambda label, fn, reps: (fn(), 2e-3 if label == "kernel" else 1e-3)[1])
+    m = tiny_llama()
+    ids = mx.random.randint(0, 101, (1, 24))
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, admits=admits)
+    mx.eval(m(ids))
+    mx.eval(m(ids[:, :20]))  # the same class (32), decided slower: admits is not asked
+    unpatch()
+    assert asked == [24], asked
+    assert unpatch.reasons == {"slower": 4}
