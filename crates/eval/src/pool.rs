@@ -370,7 +370,11 @@ impl Pool {
                     .collect();
                 for (tag, idx) in open {
                     for i in idx {
-                        self.answer(tag, i, EvalReply::failed(0, FailureClass::Infra, "the pool's workers are gone"));
+                        self.answer(
+                            tag,
+                            i,
+                            EvalReply::failed(0, FailureClass::Infra, "the pool's workers are gone"),
+                        );
                     }
                 }
             }
@@ -392,7 +396,8 @@ impl Pool {
         if p.left == 0
             && let Some(p) = self.pending.remove(&tag)
         {
-            self.ready.push_back((tag, p.replies.into_iter().map(Option::unwrap_or_default).collect()));
+            self.ready
+                .push_back((tag, p.replies.into_iter().map(Option::unwrap_or_default).collect()));
         }
     }
 

@@ -1187,7 +1187,16 @@ impl Search {
                 }
                 if let Some(f) = self.static_check(&w.candidate) {
                     let reply = EvalReply::failed(self.evals, f.class, f.message);
-                    self.book(id, Some((w.kernel, w.candidate)), Some(key), reply, 0.0, parent_speedup, None, evals0)?;
+                    self.book(
+                        id,
+                        Some((w.kernel, w.candidate)),
+                        Some(key),
+                        reply,
+                        0.0,
+                        parent_speedup,
+                        None,
+                        evals0,
+                    )?;
                     continue;
                 }
                 let b = self.task.backend(self.cfg.backend).expect("backend").clone();
@@ -1254,8 +1263,8 @@ impl Search {
                 // The re-timing of a possible new best came back.
                 Some(first) => (first.0, first.1, Some((reply, share))),
                 None => {
-                    let maybe_best = failure_of(&reply).is_none()
-                        && self.speedup(&reply).is_some_and(|s| s > self.best_speedup() * 1.01);
+                    let maybe_best =
+                        failure_of(&reply).is_none() && self.speedup(&reply).is_some_and(|s| s > self.best_speedup() * 1.01);
                     if maybe_best && (self.interrupted() || infra.is_some()) {
                         // Not believed before it is re-timed, and nothing more is handed over.
                         self.reopen(sub.id)?;
@@ -1284,7 +1293,16 @@ impl Search {
                 kernel,
                 ..
             } = sub;
-            self.book(id, Some((kernel, cand)), Some(key.clone()), reply, wall, parent_speedup, again, evals0)?;
+            self.book(
+                id,
+                Some((kernel, cand)),
+                Some(key.clone()),
+                reply,
+                wall,
+                parent_speedup,
+                again,
+                evals0,
+            )?;
             for (t, _) in twins.extract_if(.., |(_, k2)| *k2 == key) {
                 match self.measured_with(t, &key) {
                     Some(prev) => {

@@ -81,7 +81,11 @@ impl Window {
                     continue;
                 }
                 let all: Vec<EvalRequest> = mine.iter().flat_map(|i| subs[*i].1.iter().cloned()).collect();
-                let replies = if pinned { ev.eval_same_device(&all) } else { ev.eval_many(&all) };
+                let replies = if pinned {
+                    ev.eval_same_device(&all)
+                } else {
+                    ev.eval_many(&all)
+                };
                 let mut it = replies.into_iter();
                 for i in mine {
                     answers[i] = Some(
@@ -89,8 +93,9 @@ impl Window {
                             .1
                             .iter()
                             .map(|q| {
-                                it.next()
-                                    .unwrap_or_else(|| EvalReply::failed(q.id, FailureClass::Infra, "the evaluator gave no reply"))
+                                it.next().unwrap_or_else(|| {
+                                    EvalReply::failed(q.id, FailureClass::Infra, "the evaluator gave no reply")
+                                })
                             })
                             .collect(),
                     );
