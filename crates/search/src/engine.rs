@@ -1509,8 +1509,8 @@ impl Search {
         Ok(true)
     }
 
-    /// Book a node's evaluation. `again` is the candidate's re-timing when it was made ahead (a
-    /// batch re-times every candidate that may be a new best at once).
+    /// Book a node's evaluation. `again` is the candidate's re-timing when it was made ahead (the
+    /// window re-times a possible new best as a submission of its own before booking it).
     #[allow(clippy::too_many_arguments)]
     fn finish_node(
         &mut self,
