@@ -85,7 +85,15 @@ MIXED = {
 
 # The shapes the peers were timed on in ANCHORS.md (KS_SUITES=anchor): for the scan, one layer of
 # mamba-370m at L=4096 and L=512, mamba-130m's d_inner at L=2048, mamba-790m's at L=1024, batch 4.
+# For attention: issue #13's shape (B,H,L,D = 4,32,2048,128, causal and not) and the prefill of
+# a Llama-family model with 32 query heads on 8 key/value heads (B = 1, causal, L = 2048 and 4096).
 ANCHOR = {
+    "attention": [
+        {"B": 4, "H": 32, "Hkv": 32, "L": 2048, "D": 128, "causal": 0},
+        {"B": 4, "H": 32, "Hkv": 32, "L": 2048, "D": 128, "causal": 1},
+        {"B": 1, "H": 32, "Hkv": 8, "L": 2048, "D": 128, "causal": 1},
+        {"B": 1, "H": 32, "Hkv": 8, "L": 4096, "D": 128, "causal": 1},
+    ],
     "mamba_scan": [
         {"batch": 1, "L": 4096, "D": 2048, "N": 16},
         {"batch": 1, "L": 512, "D": 2048, "N": 16},

@@ -50,7 +50,9 @@ def load():
     with open(os.path.join(ROOT, "tasks", "attention", "task.toml"), "rb") as f:
         task = tomllib.load(f)
     b = task["backends"]["mlx-cuda"]
-    k = next(x for x in b["kernels"] if x["name"] == "flash_wgmma")
+    # KS_ATT_KERNEL: another [backends.mlx-cuda] kernel of the task (bench/mlx_llama.py follows it too).
+    name = os.environ.get("KS_ATT_KERNEL", "flash_wgmma")
+    k = next(x for x in b["kernels"] if x["name"] == name)
     with open(os.path.join(ROOT, "tasks", "attention", k["file"])) as f:
         source = f.read()
     return task, k, source

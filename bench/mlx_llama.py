@@ -349,7 +349,7 @@ def main():
 
     res = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mlx": mx.__version__,
            "device": str(mx.default_device()), "config": cfg, "dtype": "f16", "min_len": min_len, "choose": a.choose,
-           "attention": "stand-in (MLX ops)" if standin else (a.module or "task.toml flash_wgmma defaults"),
+           "attention": "stand-in (MLX ops)" if standin else (a.module or f"task.toml {os.environ.get('KS_ATT_KERNEL', 'flash_wgmma')} defaults"),
            "skipped": [], "errors": []}
     try:
         res["device_info"] = {k: (v if isinstance(v, (int, float, str, bool)) else str(v))

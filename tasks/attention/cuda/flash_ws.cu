@@ -1,0 +1,506 @@
+// FlashAttention forward on Hopper with warp specialisation (wgmma, setmaxnreg: sm_90a): the
+// design of flash_wgmma.cu (same tile layouts, descriptors, online softmax, masks and argument
+// order) with the work split by role, after the FlashAttention-3 paper (Shah et al., 2024): one
+// block per (128 query rows, batch*head) of three warpgroups (384 threads).
+//  - Warpgroup 0, the producer (setmaxnreg.dec to PREG registers): copies Q and the K/V tiles into
+//    shared memory with 16-byte cp.async (the 128-byte swizzled layout wgmma reads), a ring of
+//    STAGES buffers: it waits on a stage's `empty` mbarrier, issues the tile and arms the stage's
+//    `full` mbarrier with cp.async.mbarrier.arrive.noinc (each producer thread arrives when its
+//    copies have landed); a consumer that sees `full` fences the async proxy before its wgmma
+//    reads (as flash_wgmma's MBAR=1 does).
+//  - Warpgroups 1 and 2, the consumers (setmaxnreg.inc to CREG registers), 64 query rows each: S =
+//    Q K^T (wgmma, both operands in shared memory), online exp2 softmax in registers, O += P V
+//    (P from registers, V read transposed); the PV product of tile t-1 is in flight with the S of
+//    tile t and overlaps the softmax of tile t; a warp arrives on a stage's `empty` barrier once
+//    its last wgmma on it has completed. No load instruction in the consumers' loop.
+//  - PP=1, ping-pong: the two consumers take turns to issue their matrix products (named barriers
+//    1 and 2, 256 threads), so one warpgroup's softmax runs while the other's products occupy the
+//    tensor cores.
+// Any L (tail tiles zero-filled by cp.async src-size 0, keys past L masked to -inf, rows past L
+// not stored), grouped-query heads (query head h reads key/value head h / (H / Hkv)), causal
+// (tiles past the diagonal skipped, heavy blocks first), HD 64, 96 (laid out as 128 columns) or 128.
+// Tunables: HD (== D), BLOCK_N (keys per tile: 64 or 128), STAGES (K/V buffers: 2-4, as shared
+// memory allows), PP (ping-pong: 0 or 1); PREG / CREG (registers of producer / consumers) are fixed
+// (48 / 224: no spills at any tunable; ptxas allocates each role's branch within its setmaxnreg).
+// QREG=1 (not a task.toml tunable, never measured): Q as wgmma A fragments in registers, read once
+// from global memory, no Q tile in shared memory (S = Q K^T with A from registers, 32 KB less
+// shared-memory traffic per tile pair). Its one run on the H200 hung: it asked for PREG 32 / CREG
+// 240, more than the block's 3 * 168 registers a thread-slot (fixed to 40 / 232, untested since).
+// Measured on the H200 (2026-12-04, bench/cuda_dev.py, CUDA events, L2 flushed, every element
+// checked; cuDNN SDPA in the same process; bench/h200-2026-12-04-flash-ws.txt), defaults:
+//   4,32,32,2048,128        489.7 us (561 TFLOP/s)  cuDNN 461.0  0.94x  (flash_wgmma MBAR=1 536.9)
+//   4,32,32,2048,128 causal 301.8 us               cuDNN 283.7  0.94x  (flash_wgmma 331.5)
+//   4,32,8,2048,128         492.7 us               cuDNN 457.6  0.93x  (flash_wgmma 533.7)
+//   1,32,8,4096,128 causal  274.8 us               cuDNN 273.9  1.00x  (flash_wgmma 300.7)
+//   1,32,8,2048,128 causal   92.1 us               cuDNN  86.8  0.94x  (flash_wgmma 100.8)
+// and 0.93-0.97x of cuDNN on the task's held-out shapes with L > 1 (D = 64: 70.4 us, flash_wgmma
+// 65.3), L = 1 7.0 us against torch SDPA's 8.1. Inside MLX (bench/mlx_attention.py, same day) the
+// main shape is 0.84-0.87x of mx.fast.scaled_dot_product_attention (flash_wgmma was 0.75-0.83x). At
+// the main shape PP=0 500.3 us, BLOCK_N=64 559.3, STAGES=2 596.9. A later call measured the main
+// shape at 484.6 us against cuDNN's 429.6 (0.89x): cuDNN's time moves more between calls than ours.
+// f16 data handled as raw 16-bit words; no headers needed.
+#ifndef HD
+#define HD 128
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 128
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef PP
+#define PP 1
+#endif
+#ifndef QREG
+#define QREG 0
+#endif
+#if QREG
+#ifndef PREG
+#define PREG 40
+#endif
+#ifndef CREG
+#define CREG 232
+#endif
+#else
+#ifndef PREG
+#define PREG 48
+#endif
+#ifndef CREG
+#define CREG 224
+#endif
+#endif
+// setmaxnreg.inc takes registers only from what the block holds (168 a thread at launch under
+// __launch_bounds__(384, 1)) and what setmaxnreg.dec gave back: a consumer that asks for more waits
+// forever (seen: PREG 32 with CREG 240 hung).
+#if PREG + 2 * CREG > 3 * 168 || PREG % 8 || CREG % 8
+#error "PREG + 2 * CREG must be at most 504, each a multiple of 8"
+#endif
+#define SWZ 1
+#define NWG 2                // consumer warpgroups
+#define BLOCK_M (64 * NWG)   // query rows per block
+#define NT (128 * (NWG + 1)) // threads per block
+#define PT 128               // producer threads
+#define HDP ((HD + 63) / 64 * 64)  // columns of the shared-memory tiles and of the PV product
+#define TILE_BYTES (BLOCK_N * HDP * 2)
+#define Q_BYTES (QREG ? 0 : BLOCK_M * HDP * 2)  // QREG=1: Q lives in registers only
+#if STAGES < 2
+#error "STAGES must be at least 2"
+#endif
+#if (BLOCK_N != 64 && BLOCK_N != 128) || (HD != 64 && HD != 96 && HD != 128)
+#error "BLOCK_N must be 64 or 128, HD 64, 96 or 128"
+#endif
+
+// The axes' type: `long long` for the CUDA back-end's ABI; MLX passes integer scalars as 32-bit
+// `int`, so the mlx-cuda back-end compiles this file with -DKS_AXIS=int (docs/task-format.md).
+#ifndef KS_AXIS
+#define KS_AXIS long long
+#endif
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp16(unsigned s, const void* g) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g) : "memory");
+}
+// 16 bytes, or 16 zero bytes when n == 0 (nothing is read from g then).
+__device__ __forceinline__ void cp16z(unsigned s, const void* g, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Generic-proxy writes (cp.async) made visible to the async proxy (wgmma operand reads).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+// Named barriers among the two consumer warpgroups (ids 1 and 2; 0 is __syncthreads).
+template <int ID> __device__ __forceinline__ void nbar_sync() { asm volatile("bar.sync %0, 256;\n" ::"n"(ID) : "memory"); }
+template <int ID> __device__ __forceinline__ void nbar_arrive() { asm volatile("bar.arrive %0, 256;\n" ::"n"(ID) : "memory"); }
+// Pin register values at this point of the instruction stream (accumulators of asynchronous wgmma).
+template <int N> __device__ __forceinline__ void pin(float* r) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void pin(unsigned* r) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+
+__device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned a) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+// Arrive once every cp.async this thread issued so far has completed (the arrival is counted in
+// the barrier's expected count: .noinc).
+__device__ __forceinline__ void mbar_arrive_cp(unsigned a) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ bool mbar_try(unsigned a, unsigned parity) {
+    unsigned ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok) : "r"(a), "r"(parity) : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
+    while (!mbar_try(a, parity)) {
+    }
+}
+
+// Shared-memory matrix descriptor: start address, leading-dimension byte offset, stride-dimension
+// byte offset (all >> 4), 128-byte swizzle (1 in bits 62-63).
+__device__ __forceinline__ unsigned long long mdesc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+           ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32) | ((unsigned long long)SWZ << 62);
+}
+
+// Byte offset of the 16-byte chunk j (columns 8j..8j+7) of row r in a ROWS x HDP tile: HDP / 64
+// column blocks of ROWS rows of 128 bytes (1024-byte atoms of 8 rows), chunk j % 8 of row r at slot
+// (j % 8) ^ (r % 8).
+template <int ROWS> __device__ __forceinline__ unsigned chunk_off(int r, int j) {
+    return (j >> 3) * (ROWS * 128) + r * 128 + (((j & 7) ^ (r & 7)) << 4);
+}
+
+// Copy a ROWS x HD tile (global row stride HD) into the layout above with 16-byte cp.async by the
+// PT producer threads; rows from `valid` on are zero-filled (nothing past them is read). FULL:
+// every row is valid (the plain copy). A thread keeps one chunk column j = tid % (HDP / 8) (idle
+// when j >= HD / 8: HD = 96) and every RPI-th row, so its shared and global addresses are a base
+// plus constant offsets (the swizzle term (j ^ row) % 8 does not change from row to row + RPI).
+#define CPT (HDP / 8)
+#define RPI (PT / CPT)
+template <int ROWS, bool FULL>
+__device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* src, int valid, int tid) {
+    static_assert(ROWS % RPI == 0 && RPI % 8 == 0, "rows must divide evenly over the producer threads");
+    const int row0 = tid / CPT, j = tid % CPT;
+    if (HD % 64 != 0 && j >= HD / 8) return;
+    const unsigned sd = dst + chunk_off<ROWS>(row0, j);
+    const unsigned short* g = src + (long long)row0 * HD + j * 8;
+#pragma unroll
+    for (int i = 0; i < ROWS / RPI; i++) {
+        if (FULL) {
+            cp16(sd + i * RPI * 128, g + i * RPI * HD);
+        } else {
+            // src-size 0 past `valid`: zero-filled, nothing read (the address is not selected, so it
+            // stays a base plus a constant offset).
+            cp16z(sd + i * RPI * 128, g + i * RPI * HD, row0 + i * RPI < valid ? 16 : 0);
+        }
+    }
+}
+// ---- generated wrappers: S = Q K^T (both operands K-major in shared memory), O += P V (P from
+// registers, V MN-major in shared memory: imm-trans-b = 1). Accumulators f32, scale-d for S.
+__device__ __forceinline__ void wgmma_ss_n64(float* d, unsigned long long da, unsigned long long db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(sd));
+}
+
+__device__ __forceinline__ void wgmma_ss_n128(float* d, unsigned long long da, unsigned long long db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(sd));
+}
+
+// S = Q K^T with Q from registers (QREG=1): K K-major in shared memory (imm-trans-b = 0).
+__device__ __forceinline__ void wgmma_rs_n64(float* d, const unsigned* a, unsigned long long db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sd));
+}
+
+__device__ __forceinline__ void wgmma_rs_n128(float* d, const unsigned* a, unsigned long long db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sd));
+}
+
+__device__ __forceinline__ void wgmma_rs_n64_tb(float* d, const unsigned* a, unsigned long long db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, unsigned long long db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+
+// Descriptors: K-major Q and K (LBO unused, SBO 1024 between 8-row atoms; a k-step moves 32 bytes
+// inside the 128-byte rows, a 64-column block moves ROWS * 128), MN-major V (LBO BLOCK_N * 128
+// between 64-column blocks of the head dimension, SBO 1024 between 8-key groups; a k-step of 16
+// keys moves 2048).
+#define KM_LBO 16
+#define KM_SBO 1024
+#define MN_LBO (BLOCK_N * 128)
+#define MN_SBO 1024
+#define Q_KSTEP(kk) (((kk) >> 2) * (BLOCK_M * 128) + ((kk) & 3) * 32)
+#define K_KSTEP(kk) (((kk) >> 2) * (BLOCK_N * 128) + ((kk) & 3) * 32)
+#define V_KSTEP(kk) ((kk) * 2048)
+#define Q_WG(c) ((c) * 64 * 128)
+
+#if BLOCK_N == 128
+#define WGMMA_S wgmma_ss_n128
+#define WGMMA_S_RS wgmma_rs_n128
+#else
+#define WGMMA_S wgmma_ss_n64
+#define WGMMA_S_RS wgmma_rs_n64
+#endif
+#if HDP == 128
+#define WGMMA_O wgmma_rs_n128_tb
+#else
+#define WGMMA_O wgmma_rs_n64_tb
+#endif
+
+extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned short* __restrict__ q,
+                                                              const unsigned short* __restrict__ k,
+                                                              const unsigned short* __restrict__ v,
+                                                              unsigned short* __restrict__ o, KS_AXIS B, KS_AXIS H,
+                                                              KS_AXIS Hkv, KS_AXIS L, KS_AXIS D, KS_AXIS causal) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
+    const unsigned sKV = sQ + Q_BYTES;  // stage s: K at sKV + 2 * s * TILE_BYTES, V at + TILE_BYTES
+    // full[s] at sBar + 8s: the stage's tiles have landed (PT producer arrivals; full[0] covers Q
+    // too); empty[s] at sBar + 8 (STAGES + s): every consumer warp is done reading the stage (8).
+    const unsigned sBar = sKV + 2 * STAGES * TILE_BYTES;
+    const int tid = threadIdx.x, wg = tid >> 7;
+    const long long bh = blockIdx.y;
+    const long long kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);  // the key/value head of this query head
+    const int Ln = (int)L;
+    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int m0 = mb * BLOCK_M;
+    const int ntk = (Ln + BLOCK_N - 1) / BLOCK_N;  // key tiles; the last one may be partial
+    const int nt = causal ? min(ntk, (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N) : ntk;
+    if (tid == 0) {
+        for (int st = 0; st < STAGES; st++) {
+            mbar_init(sBar + 8 * st, PT);
+            mbar_init(sBar + 8 * (STAGES + st), 4 * NWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        // ---- producer ----
+        setmaxnreg_dec<PREG>();
+        const unsigned short* Kg = k + kvh * L * HD;
+        const unsigned short* Vg = v + kvh * L * HD;
+        // Q's copies complete tile 0's `full` barrier too.
+        if (!QREG) load_tile<BLOCK_M, false>(sQ, q + bh * L * HD + (long long)m0 * HD, Ln - m0, tid);
+        for (int t = 0; t < nt; t++) {
+            const int st = t % STAGES;
+            if (t >= STAGES) mbar_wait(sBar + 8 * (STAGES + st), (t / STAGES - 1) & 1);
+            const unsigned dst = sKV + 2 * st * TILE_BYTES;
+            const long long off = (long long)t * BLOCK_N * HD;
+            const int kv = min(BLOCK_N, Ln - t * BLOCK_N);
+            if (kv == BLOCK_N) {
+                load_tile<BLOCK_N, true>(dst, Kg + off, kv, tid);
+                load_tile<BLOCK_N, true>(dst + TILE_BYTES, Vg + off, kv, tid);
+            } else {
+                load_tile<BLOCK_N, false>(dst, Kg + off, kv, tid);
+                load_tile<BLOCK_N, false>(dst + TILE_BYTES, Vg + off, kv, tid);
+            }
+            mbar_arrive_cp(sBar + 8 * st);  // arrives once this thread's copies so far have landed
+        }
+        cp_wait_all();  // nothing of this block in flight when the producer exits
+    } else {
+        // ---- consumers: warpgroup c owns query rows m0 + 64c .. m0 + 64c + 63 ----
+        setmaxnreg_inc<CREG>();
+        const int c = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+        const int wrow0 = m0 + 64 * c;         // first query row of this warpgroup
+        const int r0 = wrow0 + 16 * warp + g;  // this thread's rows: r0 and r0 + 8
+        const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
+#if !QREG
+        const unsigned qbase = sQ + Q_WG(c);
+#endif
+        float oacc[HDP / 2];
+#pragma unroll
+        for (int i = 0; i < HDP / 2; i++) oacc[i] = 0.f;
+        float s[BLOCK_N / 2];
+        unsigned pprev[BLOCK_N / 4];
+#pragma unroll
+        for (int i = 0; i < BLOCK_N / 4; i++) pprev[i] = 0u;
+        float mrow0 = -INFINITY, mrow1 = -INFINITY, lrow0 = 0.f, lrow1 = 0.f;
+#if QREG
+        // Q as wgmma A fragments, read once from global memory (rows past L are zero): k-step kk
+        // holds (row r0, columns 16kk + 2qd, +1), (r0 + 8, same), (r0, 16kk + 8 + 2qd, +1), (r0 + 8, same).
+        unsigned qa[HD / 4];
+        {
+            const unsigned short* Qg = q + bh * L * HD;
+            const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const int c0 = 16 * kk + 2 * qd;
+                qa[4 * kk] = ok0 ? *(const unsigned*)(Qg + (long long)r0 * HD + c0) : 0u;
+                qa[4 * kk + 1] = ok1 ? *(const unsigned*)(Qg + (long long)(r0 + 8) * HD + c0) : 0u;
+                qa[4 * kk + 2] = ok0 ? *(const unsigned*)(Qg + (long long)r0 * HD + c0 + 8) : 0u;
+                qa[4 * kk + 3] = ok1 ? *(const unsigned*)(Qg + (long long)(r0 + 8) * HD + c0 + 8) : 0u;
+            }
+        }
+#endif
+
+        auto wait_tile = [&](int t) {
+            mbar_wait(sBar + 8 * (t % STAGES), (t / STAGES) & 1);
+            fence_proxy_async();
+        };
+        // This warp is done with the stage of tile t.
+        auto release = [&](int t) {
+            if (lane == 0) mbar_arrive(sBar + 8 * (STAGES + t % STAGES));
+        };
+        // Ping-pong: warpgroup c issues its products only on its turn (barrier 1 + c), then hands
+        // the turn to the other one (barrier 2 - c). Every issue point of both warpgroups is
+        // matched: nt + 1 each; warpgroup 1 opened the first turn and skips its last hand-over.
+        auto turn_begin = [&]() {
+#if PP
+            if (c == 0) nbar_sync<1>(); else nbar_sync<2>();
+#endif
+        };
+        auto turn_end = [&](bool last) {
+#if PP
+            if (c == 0) nbar_arrive<2>(); else if (!last) nbar_arrive<1>();
+#endif
+        };
+        auto issue_s = [&](int t) {
+            const unsigned kb = sKV + 2 * (t % STAGES) * TILE_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+#if QREG
+                WGMMA_S_RS(s, qa + 4 * kk, mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
+#else
+                WGMMA_S(s, mdesc(qbase + Q_KSTEP(kk), KM_LBO, KM_SBO), mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
+#endif
+            wg_commit();
+        };
+        auto issue_pv = [&](int t) {
+            const unsigned vb = sKV + 2 * (t % STAGES) * TILE_BYTES + TILE_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; kk++) WGMMA_O(oacc, pprev + 4 * kk, mdesc(vb + V_KSTEP(kk), MN_LBO, MN_SBO));
+            wg_commit();
+        };
+        float al0 = 1.f, al1 = 1.f;
+        auto softmax = [&](int t) {
+            const int n0 = t * BLOCK_N;
+            // s[4c + e]: row r0 + 8 * (e >> 1), key n0 + 8c + 2qd + (e & 1). Keys from lim0 (row r0)
+            // and lim1 (row r0 + 8) on are masked: past the diagonal, past L.
+            const bool diag = causal && n0 + BLOCK_N - 1 > wrow0 + 16 * warp;
+            if (diag || n0 + BLOCK_N > Ln) {
+                const int lim0 = diag ? min(r0 + 1, Ln) : Ln, lim1 = diag ? min(r0 + 9, Ln) : Ln;
+#pragma unroll
+                for (int cc = 0; cc < BLOCK_N / 8; cc++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[4 * cc + e] = n0 + 8 * cc + 2 * qd + (e & 1) < ((e >> 1) ? lim1 : lim0) ? s[4 * cc + e] : -INFINITY;
+            }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int cc = 0; cc < BLOCK_N / 8; cc++) {
+                mx0 = fmaxf(mx0, fmaxf(s[4 * cc], s[4 * cc + 1]));
+                mx1 = fmaxf(mx1, fmaxf(s[4 * cc + 2], s[4 * cc + 3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+            // Tile 0 holds key 0, visible to every row: the running maxima are finite from then on.
+            const float mn0 = fmaxf(mrow0, mx0 * sl2), mn1 = fmaxf(mrow1, mx1 * sl2);
+            al0 = ex2(mrow0 - mn0);
+            al1 = ex2(mrow1 - mn1);
+            mrow0 = mn0;
+            mrow1 = mn1;
+            float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+            for (int cc = 0; cc < BLOCK_N / 8; cc++) {
+                s[4 * cc] = ex2(fmaf(s[4 * cc], sl2, -mn0));
+                s[4 * cc + 1] = ex2(fmaf(s[4 * cc + 1], sl2, -mn0));
+                s[4 * cc + 2] = ex2(fmaf(s[4 * cc + 2], sl2, -mn1));
+                s[4 * cc + 3] = ex2(fmaf(s[4 * cc + 3], sl2, -mn1));
+                ls0 += s[4 * cc] + s[4 * cc + 1];
+                ls1 += s[4 * cc + 2] + s[4 * cc + 3];
+            }
+            lrow0 = lrow0 * al0 + ls0;
+            lrow1 = lrow1 * al1 + ls1;
+        };
+        // P as wgmma A fragments: k-step kk covers keys 16kk..16kk+15 (n8 chunks 2kk, 2kk+1).
+        auto pack_p = [&]() {
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+                pprev[4 * kk] = pack2(s[8 * kk], s[8 * kk + 1]);
+                pprev[4 * kk + 1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
+                pprev[4 * kk + 2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
+                pprev[4 * kk + 3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+        };
+
+#if PP
+        if (c == 1) nbar_arrive<1>();  // warpgroup 0 takes the first turn
+#endif
+        wait_tile(0);
+        turn_begin();
+        wg_fence();
+        issue_s(0);
+        turn_end(false);
+        wg_wait<0>();
+        pin<BLOCK_N / 2>(s);
+        softmax(0);
+        pack_p();
+        for (int t = 1; t < nt; t++) {
+            wait_tile(t);
+            pin<HDP / 2>(oacc);
+            pin<BLOCK_N / 4>(pprev);
+            turn_begin();
+            wg_fence();
+            issue_s(t);       // S of tile t ...
+            issue_pv(t - 1);  // ... and the PV product of tile t - 1, both in flight
+            turn_end(false);
+            wg_wait<1>();     // S has landed
+            pin<BLOCK_N / 2>(s);
+            softmax(t);
+            wg_wait<0>();     // the PV product of tile t - 1 has landed in oacc
+            pin<HDP / 2>(oacc);
+            release(t - 1);
+#pragma unroll
+            for (int j = 0; j < HDP / 8; j++) {
+                oacc[4 * j] *= al0;
+                oacc[4 * j + 1] *= al0;
+                oacc[4 * j + 2] *= al1;
+                oacc[4 * j + 3] *= al1;
+            }
+            pack_p();
+        }
+        pin<HDP / 2>(oacc);
+        pin<BLOCK_N / 4>(pprev);
+        turn_begin();
+        wg_fence();
+        issue_pv(nt - 1);
+        turn_end(true);
+        wg_wait<0>();
+        pin<HDP / 2>(oacc);
+        lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 1);
+        lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 2);
+        lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
+        lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 2);
+        const float i0 = 1.f / lrow0, i1 = 1.f / lrow1;
+        unsigned short* Og = o + bh * L * HD;
+        const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            if (ok0) *(unsigned*)(Og + (long long)r0 * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
+            if (ok1) *(unsigned*)(Og + (long long)(r0 + 8) * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
+        }
+    }
+}
