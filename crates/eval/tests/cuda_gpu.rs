@@ -184,6 +184,18 @@ fn device_references_match_host_references() {
             "attention",
             wl(&[("B", 1), ("H", 1), ("Hkv", 1), ("L", 33), ("D", 256), ("causal", 0)]),
         ),
+        (
+            "attention",
+            wl(&[("B", 1), ("H", 4), ("Hkv", 2), ("L", 100), ("D", 96), ("causal", 1)]),
+        ),
+        (
+            "attention",
+            wl(&[("B", 2), ("H", 2), ("Hkv", 1), ("L", 47), ("D", 64), ("causal", 0)]),
+        ),
+        (
+            "attention",
+            wl(&[("B", 1), ("H", 1), ("Hkv", 1), ("L", 1), ("D", 128), ("causal", 1)]),
+        ),
         ("mamba_scan", wl(&[("batch", 2), ("L", 50), ("D", 70), ("N", 16)])),
         ("mamba_scan", wl(&[("batch", 1), ("L", 31), ("D", 13), ("N", 8)])),
         ("mamba_step", wl(&[("batch", 3), ("D", 100), ("N", 16)])),

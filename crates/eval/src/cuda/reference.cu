@@ -135,79 +135,122 @@ extern "C" __global__ void ksref_attention(const double* q, const double* k, con
 }
 
 // attention, D <= KSREF_TILE_D: the same result in one pass over the keys (online softmax in
-// acc_t), with the block's 8 query rows (same batch and head) sharing each chunk of 32 keys
-// through shared memory. Scores: lane j of a warp takes key j of the chunk and walks D;
-// weighted sum of v: lane d takes output dims d, d + 32, ... Same grid and block as above.
+// acc_t). A block of KSREF_WARPS warps takes KSREF_WARPS * KSREF_ROWS query rows of one (batch,
+// head); each warp KSREF_ROWS consecutive rows, so that every key value read from shared memory
+// serves KSREF_ROWS products. Per chunk of 32 keys: lane j takes key j and walks the head
+// dimension for each of its warp's rows (Q and K padded with zeros to KSREF_TILE_D: the same
+// sums, exactly); then, key by key, lane d takes output dims d, d + 32, ... of every row.
+// K's chunk is stored with its columns rotated by the key's index, so the 32 lanes reading one
+// column of 32 keys hit 32 different banks without padding (Q and K fill the 48 KB of static
+// shared memory). grid = (ceil(L / (KSREF_WARPS * KSREF_ROWS)), B * H), block = 32 * KSREF_WARPS.
+// On the H200 (2026-12-04, bench/h200-2026-12-04-attention-reference.txt) the judge's reference
+// step for the 4,32/8,2048,128 search workload went from 0.54 s (one warp per row, runtime-D
+// loops) to 0.40 s, uploads and the 268 MB f64 download included.
 #define KSREF_TILE_D 128
 #define KSREF_TILE_K 32
-extern "C" __global__ void ksref_attention_tiled(const double* q, const double* k, const double* v, double* o,
-                                                 long long L, long long D, long long causal, long long H,
-                                                 long long Hkv) {
-    __shared__ double ks[KSREF_TILE_K][KSREF_TILE_D + 1];
-    __shared__ double qs[8][KSREF_TILE_D];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    long long i0 = (long long)blockIdx.x * 8;
-    long long i = i0 + wid;
-    long long base = (long long)blockIdx.y * L * D;
-    long long bq = blockIdx.y / H, hq = blockIdx.y % H;
-    long long kvbase = (bq * Hkv + hq / (H / Hkv)) * L * D;
-    bool live = i < L;
-    if (live) {
-        for (long long d = lane; d < D; d += 32) qs[wid][d] = q[base + i * D + d];
+#define KSREF_ROWS 4
+#define KSREF_WARPS 4
+extern "C" __global__ void __launch_bounds__(32 * KSREF_WARPS)
+    ksref_attention_tiled(const double* q, const double* k, const double* v, double* o, long long L, long long D,
+                          long long causal, long long H, long long Hkv) {
+    __shared__ double ks[KSREF_TILE_K * KSREF_TILE_D];
+    __shared__ double qs[KSREF_WARPS * KSREF_ROWS * KSREF_TILE_D];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int Di = (int)D;
+    const long long i0 = (long long)blockIdx.x * (KSREF_WARPS * KSREF_ROWS);
+    const long long base = (long long)blockIdx.y * L * D;
+    const long long bq = blockIdx.y / H, hq = blockIdx.y % H;
+    const long long kvbase = (bq * Hkv + hq / (H / Hkv)) * L * D;
+    for (int e = threadIdx.x; e < KSREF_WARPS * KSREF_ROWS * KSREF_TILE_D; e += blockDim.x) {
+        int r = e / KSREF_TILE_D, d = e % KSREF_TILE_D;
+        long long i = i0 + r;
+        qs[e] = (i < L && d < Di) ? q[base + i * D + d] : 0.0;
     }
-    acc_t acc[KSREF_TILE_D / 32];
+    const acc_t ninf = (acc_t)__longlong_as_double(0xfff0000000000000ULL);  // -inf
+    const acc_t scale = (acc_t)1 / sqrt((acc_t)D);
+    acc_t acc[KSREF_ROWS][KSREF_TILE_D / 32];
+    acc_t m[KSREF_ROWS], sum[KSREF_ROWS];
+    long long n[KSREF_ROWS];
+    long long nwarp = 0;
 #pragma unroll
-    for (int t = 0; t < KSREF_TILE_D / 32; ++t) acc[t] = 0;
-    acc_t scale = (acc_t)1 / sqrt((acc_t)D);
-    acc_t m = (acc_t)__longlong_as_double(0xfff0000000000000ULL);  // -inf
-    acc_t sum = 0;
-    long long n = live ? (causal ? i + 1 : L) : 0;
+    for (int r = 0; r < KSREF_ROWS; ++r) {
+        long long i = i0 + wid * KSREF_ROWS + r;
+        n[r] = i < L ? (causal ? i + 1 : L) : 0;
+        nwarp = n[r] > nwarp ? n[r] : nwarp;
+        m[r] = ninf;
+        sum[r] = 0;
+#pragma unroll
+        for (int t = 0; t < KSREF_TILE_D / 32; ++t) acc[r][t] = 0;
+    }
     // Keys the block needs: up to its last live row's.
-    long long last = i0 + 7 < L ? i0 + 7 : L - 1;
+    long long last = i0 + KSREF_WARPS * KSREF_ROWS - 1 < L ? i0 + KSREF_WARPS * KSREF_ROWS - 1 : L - 1;
     long long nblock = causal ? last + 1 : L;
     for (long long j0 = 0; j0 < nblock; j0 += KSREF_TILE_K) {
         __syncthreads();
-        for (long long e = threadIdx.x; e < (long long)KSREF_TILE_K * D; e += blockDim.x) {
-            long long r = e / D, d = e % D;
-            ks[r][d] = j0 + r < L ? k[kvbase + (j0 + r) * D + d] : 0.0;
+        for (int e = threadIdx.x; e < KSREF_TILE_K * KSREF_TILE_D; e += blockDim.x) {
+            int r = e / KSREF_TILE_D, d = e % KSREF_TILE_D;
+            long long j = j0 + r;
+            ks[r * KSREF_TILE_D + ((d + r) & (KSREF_TILE_D - 1))] = (j < L && d < Di) ? k[kvbase + j * D + d] : 0.0;
         }
         __syncthreads();
-        if (j0 >= n) continue;
-        long long j = j0 + lane;
-        acc_t s = (acc_t)__longlong_as_double(0xfff0000000000000ULL);
-        if (j < n) {
-            acc_t dot = 0;
-            for (long long d = 0; d < D; ++d) dot += (acc_t)qs[wid][d] * (acc_t)ks[lane][d];
-            s = dot * scale;
-        }
-        acc_t cm = s;
-        for (int off = 16; off > 0; off >>= 1) cm = fmax(cm, __shfl_xor_sync(0xffffffffu, cm, off));
-        acc_t mnew = fmax(m, cm);
-        acc_t corr = exp(m - mnew);
-        acc_t p = j < n ? exp(s - mnew) : (acc_t)0;
-        acc_t ps = p;
-        for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
-        sum = sum * corr + ps;
+        if (j0 >= nwarp) continue;
+        acc_t dot[KSREF_ROWS];
 #pragma unroll
-        for (int t = 0; t < KSREF_TILE_D / 32; ++t) acc[t] *= corr;
-        long long cnt = n - j0 < KSREF_TILE_K ? n - j0 : KSREF_TILE_K;
-        for (long long jj = 0; jj < cnt; ++jj) {
-            acc_t pj = __shfl_sync(0xffffffffu, p, (int)jj);
+        for (int r = 0; r < KSREF_ROWS; ++r) dot[r] = 0;
+        const double* qw = qs + wid * KSREF_ROWS * KSREF_TILE_D;
+        const double* kl = ks + lane * KSREF_TILE_D;
+#pragma unroll 16
+        for (int d = 0; d < KSREF_TILE_D; ++d) {
+            acc_t kd = (acc_t)kl[(d + lane) & (KSREF_TILE_D - 1)];
+#pragma unroll
+            for (int r = 0; r < KSREF_ROWS; ++r) dot[r] += (acc_t)qw[r * KSREF_TILE_D + d] * kd;
+        }
+        long long j = j0 + lane;
+        acc_t p[KSREF_ROWS];
+#pragma unroll
+        for (int r = 0; r < KSREF_ROWS; ++r) {
+            acc_t s = j < n[r] ? dot[r] * scale : ninf;
+            acc_t cm = s;
+            for (int off = 16; off > 0; off >>= 1) cm = fmax(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+            acc_t mnew = fmax(m[r], cm);
+            // A row with no key in this chunk (a row past L) keeps its state.
+            bool none = mnew == ninf;
+            acc_t corr = none ? (acc_t)1 : exp(m[r] - mnew);
+            p[r] = (j < n[r] && !none) ? exp(s - mnew) : (acc_t)0;
+            acc_t ps = p[r];
+            for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+            sum[r] = sum[r] * corr + ps;
+#pragma unroll
+            for (int t = 0; t < KSREF_TILE_D / 32; ++t) acc[r][t] *= corr;
+            m[r] = mnew;
+        }
+        long long cnt = nwarp - j0 < KSREF_TILE_K ? nwarp - j0 : KSREF_TILE_K;
+        for (int jj = 0; jj < (int)cnt; ++jj) {
             const double* vj = v + kvbase + (j0 + jj) * D;
+            acc_t vd[KSREF_TILE_D / 32];
 #pragma unroll
             for (int t = 0; t < KSREF_TILE_D / 32; ++t) {
-                long long d = lane + 32 * t;
-                if (d < D) acc[t] += pj * (acc_t)vj[d];
+                int d = lane + 32 * t;
+                vd[t] = d < Di ? (acc_t)vj[d] : (acc_t)0;
+            }
+#pragma unroll
+            for (int r = 0; r < KSREF_ROWS; ++r) {
+                acc_t pj = __shfl_sync(0xffffffffu, p[r], jj);
+#pragma unroll
+                for (int t = 0; t < KSREF_TILE_D / 32; ++t) acc[r][t] += pj * vd[t];
             }
         }
-        m = mnew;
     }
-    if (!live) return;
-    double* oi = o + base + i * D;
 #pragma unroll
-    for (int t = 0; t < KSREF_TILE_D / 32; ++t) {
-        long long d = lane + 32 * t;
-        if (d < D) oi[d] = acc[t] / sum;
+    for (int r = 0; r < KSREF_ROWS; ++r) {
+        long long i = i0 + wid * KSREF_ROWS + r;
+        if (i >= L) continue;
+        double* oi = o + base + i * D;
+#pragma unroll
+        for (int t = 0; t < KSREF_TILE_D / 32; ++t) {
+            int d = lane + 32 * t;
+            if (d < Di) oi[d] = acc[r][t] / sum[r];
+        }
     }
 }
 
