@@ -15,6 +15,8 @@ OUTDIR=${OUT:-/tmp/scan-gpu}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} KS_CUBIN_DIR=${KS_CUBIN_DIR:-$PWD/.scan-cubins}
 # FIX=NAME=a|b,... limits the sweep to those tunable values; CHECK_DIST, the stress configurations checked.
+# SKIP_MEMCHECK=1 skips compute-sanitizer. seg_scan's one-call comparison: bench/scan_seg_gpu.sh;
+# the MLX twin (pipe_scan as a whole CUDA unit) against this back-end: bench/scan_mlx.sh.
 SWEEP_KERNELS=${SWEEP_KERNELS:-pipe_scan}
 OTHERS=${OTHERS:-seq_scan=1,chunked_scan=1}
 CHECK_CFG=${CHECK_CFG:-4}
@@ -27,7 +29,7 @@ grep -A16 "==== summary" "$OUTDIR/scan_anchor.log" | grep -v chunked_scan; grep 
 KS_SUITES=heldout,stress KS_KERNELS=$SWEEP_KERNELS KS_MAXCFG=$CHECK_CFG KS_STRESS_DIST=${CHECK_DIST:-1} \
     python3 bench/cuda_dev.py $mode mamba_scan > "$OUTDIR/scan_check.log" 2>&1
 echo "check: exit $?"; grep -A3 "^==== checked" "$OUTDIR/scan_check.log"; grep -A12 "==== summary" "$OUTDIR/scan_check.log"
-if [ $mode = run ] && command -v compute-sanitizer >/dev/null; then
+if [ $mode = run ] && [ "${SKIP_MEMCHECK:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
     KS_SUITES=stress KS_TIME=0 KS_STRESS_DIST=0 KS_KERNELS=$SWEEP_KERNELS \
         compute-sanitizer --tool memcheck python3 bench/cuda_dev.py run mamba_scan > "$OUTDIR/scan_memcheck.log" 2>&1
     echo "memcheck: exit $?"; grep -E "ERROR SUMMARY|^==== checked" "$OUTDIR/scan_memcheck.log" | tail -n 3

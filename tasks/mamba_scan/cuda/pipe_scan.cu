@@ -35,6 +35,14 @@
 // Tunables: NS (== N), SPT (states per lane: 1, 2 or 4), CB (channels per block), CHUNK (steps per
 // shared-memory tile), U (steps per pipeline group), POLY (0-2: steps of every 4 whose state-0
 // exponential is a polynomial on the FMA pipe), PACK (f16 pairs in shared memory), SWZ (lane order).
+//
+// The same file is the MLX twin: [backends.mlx-cuda] runs it as a whole CUDA unit (NVRTC with
+// -DKS_AXIS=int, mx.fast.precompiled_cuda_kernel); not yet timed inside MLX (2026-12-04). Splitting
+// the sequence into segments for more chains at batch 1 (seg_scan.cu) measured slower on every
+// anchor shape: the single pass here is bound by its per-SM work per step, not by too few chains.
+#ifndef KS_AXIS
+#define KS_AXIS long long  // MLX (form = "cuda") passes the axes as 32-bit ints: -DKS_AXIS=int
+#endif
 #ifndef NS
 #define NS 16
 #endif
@@ -264,9 +272,10 @@ __device__ __forceinline__ void run(float* __restrict__ part, int t0, float (&h)
 extern "C" __global__ void __launch_bounds__(NTH) mamba_scan(
     const unsigned short* __restrict__ u, const unsigned short* __restrict__ delta, const float* __restrict__ A,
     const unsigned short* __restrict__ Bm, const unsigned short* __restrict__ Cm, const float* __restrict__ Dv,
-    unsigned short* __restrict__ y, float* __restrict__ state, long long batch, long long L, long long D, long long N) {
+    unsigned short* __restrict__ y, float* __restrict__ state, KS_AXIS batch_, KS_AXIS L_, KS_AXIS D_, KS_AXIS N_) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    const long long L = L_, D = D_;
     const int tid = threadIdx.x;
 #if SWZ
     // Lane bit 0 picks one of two channels, the next log2(GL) bits the state group.
