@@ -277,7 +277,7 @@ def test_measured_choice_keeps_the_faster_per_shape_class(monkeypatch, kernel_fa
     assert_close(second, m(ids[:, :20]), 1e-4, "measured choice, second call")
     # one timing per layer (each layer's shape class is the same, but layers time on their own
     # first call only while the class is new: the first layer decides for both)
-    assert timed == ["kernel", "stock"], timed
+    assert timed == ["kernel", "stock"] * export_llama.LLAMA_TIMING_ROUNDS, timed
     assert len(unpatch.choices) == 1
     ((t_kernel, t_stock, use_kernel),) = unpatch.choices.values()
     assert use_kernel == kernel_faster and (t_kernel < t_stock) == kernel_faster
@@ -329,3 +329,15 @@ def test_a_shape_class_timed_slower_skips_the_constraints(monkeypatch):
     unpatch()
     assert asked == [24], asked
     assert unpatch.reasons == {"slower": 4}
+
+
+def test_a_kernel_only_marginally_faster_keeps_stock(monkeypatch):
+    """The kernel is kept only where it times clearly faster than stock (LLAMA_MARGIN): within
+    the margin the default stays stock."""
+    ratio = (1 + export_llama.LLAMA_MARGIN) / 2  # faster, but not by the margin
+    monkeypatch.setattr(export_llama, "_llama_time", lambda label, fn, reps: (fn(), ratio * 1e-3 if label == "kernel" else 1e-3)[1])
+    m = tiny_llama()
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8)
+    mx.eval(m(mx.random.randint(0, 101, (1, 24))))
+    unpatch()
+    assert unpatch.stats == {"kernel": 0, "stock": 2} and unpatch.reasons == {"slower": 2}
