@@ -10,7 +10,7 @@
 #   call 1, carry [".mlx-a", ".peer", ".scan-cubins"]:  mkdir -p /tmp/mlx && cp .mlx-a/* /tmp/mlx/ &&
 #           bash bench/scan_gpu.sh && cp $OUT/scan_anchor.log /tmp/
 #   call 2, carry [".mlx-b"]:  SCAN_LOG=/tmp/scan_anchor.log bash bench/scan_mlx.sh
-# (On a machine where MLX is already importable, one call does.) Not yet run on the GPU (2026-12-04).
+# (On a machine where MLX is already importable, one call does.) First run: bench/h200-2026-12-04-mlx-scan-llama.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/scan-mlx}
