@@ -1100,7 +1100,11 @@ impl CudaBackend {
                 }
                 args.extend([Arg::I64(l), Arg::I64(d), Arg::I64(ax("causal")), Arg::I64(h), Arg::I64(hkv)]);
                 // The tiled kernel: 4 warps of 4 rows per block; the other: 8 warps of 1 row.
-                let (rows, threads) = if entry == "ksref_attention_tiled" { (16, 128) } else { (8, 256) };
+                let (rows, threads) = if entry == "ksref_attention_tiled" {
+                    (16, 128)
+                } else {
+                    (8, 256)
+                };
                 ((((l + rows - 1) / rows) as u32, (b * h) as u32, 1), (threads, 1, 1), 0)
             }
             _ => {
