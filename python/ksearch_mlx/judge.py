@@ -26,6 +26,12 @@ returns its outputs, either ``{name: array}`` or ``({name: array}, {name: guard 
   MLX's buffer cache, before the candidate runs again.
 - **Floor**: one rule, ``floor_s``: bytes, flops and transcendentals over the device's peaks;
   a median under it is ``below_floor``.
+- **Clock**: a timed sample is a batch of calls (up to ``BATCH_MAX``, about
+  ``BATCH_TARGET_US`` long) on fresh windows. On ``mlx-cuda`` it is timed on the GPU's clock
+  (``gpuclock.GpuClock``): the calls run one after the other behind a gate that opens once all
+  are queued, so neither MLX's host cost per call nor calls running side by side decide the
+  figure. On ``mlx-metal`` (or where the clock cannot be made, or fails a sample: the samples
+  so far are then dropped) the host's wall time of the batch over its calls.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from .data import (
     task_transcendentals,
     to_numpy,
 )
+from .gpuclock import ClockError
 from .runtime import DTYPE_SIZES, mx_dtype, tensor_dtype, tensor_shape
 
 # Window starts, in bytes into their pool (which MLX allocates aligned): a multiple of
@@ -214,6 +221,9 @@ class Judge:
     rng: random.Random = field(default_factory=lambda: random.Random(int.from_bytes(os.urandom(16), "little")))
     # Called once per workload with the seconds of its first (compiling) call.
     on_first: Callable[[float], None] = lambda s: None
+    # The GPU clock (gpuclock.GpuClock, mlx-cuda): timed samples are measured on it; None
+    # times them on the host clock (mlx-metal, or where the clock cannot be made).
+    clock: Any = None
     # What the timed calls cost, outside the first call.
     kernel_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -317,11 +327,18 @@ class Judge:
         for _ in range(int(self.timing.get("warmup", 2))):
             self._timed_call(call, fresh(sets[0])[1])
         probe = self._timed_call(call, fresh(sets[0])[1])
+        if self.clock is not None:
+            try:
+                probe = self.clock.time_calls([lambda v: call(v, None)], [fresh(sets[0])[1]])[0]
+            except ClockError as e:
+                self._drop_clock(w, e)
+            except Exception as e:
+                raise RunError(e, False) from e
         batch, nsets = choose_batch(probe * 1e6, res["bytes"])
         for k in range(1, nsets):
             sets.append(PoolSet(task, backend, axes, int(w["seed"]), k))
-        if batch > 1:
-            self.raw.append(f"{w.get('label', '')}: {batch} calls per timed sample over {nsets} pool sets")
+        clock = "GPU clock" if self.clock is not None else "host clock"
+        self.raw.append(f"{w.get('label', '')}: {batch} calls per timed sample over {nsets} pool sets, {clock}")
 
         # 3. Timed samples: `batch` calls queued and evaluated together, each on fresh windows,
         # rotating through the pool sets; one call of one early sample is checked.
@@ -343,9 +360,20 @@ class Judge:
             return plan
 
         def run_batch(plan: list) -> tuple[float, list]:
+            # Seconds per call: on the GPU clock where there is one, else the host's wall time
+            # of the whole batch (its calls queued, then evaluated together) over its calls.
             t = time.perf_counter()
+            per_call = None
             try:
-                results = [call(v, None) for _, _, v in plan]
+                if self.clock is not None:
+                    try:
+                        per_call, results = self.clock.time_calls([lambda v: call(v, None)] * len(plan), [v for _, _, v in plan])
+                    except ClockError as e:
+                        self._drop_clock(w, e)
+                        samples.clear()
+                if per_call is None:
+                    t = time.perf_counter()
+                    results = [call(v, None) for _, _, v in plan]
                 split = [r if isinstance(r, tuple) else (r, {}) for r in results]
                 mx.eval([a for o, g in split for a in list(o.values()) + list(g.values())])
                 mx.synchronize()
@@ -353,7 +381,7 @@ class Judge:
                 raise RunError(e, False) from e
             dt = time.perf_counter() - t
             self.kernel_s += dt
-            return dt, split
+            return (dt / len(plan) if per_call is None else per_call), split
 
         # An untimed batch first (and after each check, which empties MLX's buffer cache): the
         # buffers `batch` queued calls hold at once are allocated outside the timed samples.
@@ -363,9 +391,10 @@ class Judge:
             if self.flush is not None and self.timing.get("flush", True):
                 self.flush()
             keep = spot[1] if len(samples) == spot[0] else -1
+            t_sample = time.perf_counter()
             dt, split = run_batch(plan)
-            spent += dt
-            samples.append(dt * 1e6 / batch)
+            spent += time.perf_counter() - t_sample
+            samples.append(dt * 1e6)
             if keep >= 0:
                 pools, o, _ = plan[keep]
                 kept = self._read_back(pools, o, None, *split[keep], "a timed call")
@@ -405,6 +434,12 @@ class Judge:
                     f"{trans:.3e} transcendentals)"
                 ),
             }
+
+    def _drop_clock(self, w: dict, e: Exception) -> None:
+        """The GPU clock failed a sample: the rest of this judge's samples are host-timed (the
+        samples so far are dropped by the caller, so no median mixes the two clocks)."""
+        self.raw.append(f"{w.get('label', '')}: GPU clock dropped ({e}); host clock from here on")
+        self.clock = None
 
     def _timed_call(self, call: Call, views: dict) -> float:
         t = time.perf_counter()

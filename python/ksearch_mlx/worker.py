@@ -153,6 +153,19 @@ class Worker:
         self._flush_src: Any = None
         self._compiled: set[tuple] = set()  # kernel instantiations compiled in this process
         self._first_calls = 0  # first (compiling) calls made in the current evaluation
+        self._clock: Any = None
+        self.clock_note = "host clock"
+        if backend == "mlx-cuda" and self.kernels and not host_clock_asked():
+            from .gpuclock import GpuClock
+
+            self._clock, why = GpuClock.create()
+            self.clock_note = (
+                f"GPU clock (empty bracket {self._clock.empty_ns / 1e3:.1f} us)"
+                if self._clock is not None
+                else f"host clock (no GPU clock: {one_line(why, 200)})"
+            )
+        elif backend == "mlx-cuda" and host_clock_asked():
+            self.clock_note = "host clock (KSEARCH_MLX_CLOCK=host)"
 
     def hello(self) -> dict:
         return {
@@ -163,6 +176,7 @@ class Worker:
             "version": __version__,
             "mlx": self.mx.__version__,
             "kernels": self.kernels,
+            "clock": self.clock_note,
         }
 
     # -- device measurements ------------------------------------------------------------------
@@ -319,6 +333,7 @@ class Worker:
             flush=self.flush,
             check_only=bool(req.get("check_only", False)),
             on_first=first,
+            clock=self._clock,
         )
         try:
             # Guard tails only on poisoned (checked) calls: a timed call stays one kernel node
@@ -384,6 +399,7 @@ class Worker:
             check_only=bool(req.get("check_only", False)),
             strict=False,
             on_first=lambda s: reply.__setitem__("kernel_s", reply["kernel_s"] + s),
+            clock=self._clock,
         )
 
         def call(inputs: dict, init: Optional[float]) -> dict:
@@ -538,11 +554,22 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def host_clock_asked() -> bool:
+    """KSEARCH_MLX_CLOCK=host: time mlx-cuda calls on the host clock, as mlx-metal does (and
+    leave MLX's CUDA graphs on), e.g. to compare the two clocks."""
+    return os.environ.get("KSEARCH_MLX_CLOCK", "").strip().lower() == "host"
+
+
 def setup_environment(args: argparse.Namespace) -> None:
-    """Environment MLX reads when it starts: which GPU, where compiled kernels are cached, and
+    """Environment MLX reads when it starts: which GPU, where compiled kernels are cached,
     f32 matrix products in f32 (MLX's CUDA back-end uses TF32 by default, about 3e-4 relative
-    error, which the f32 references and tolerances cannot afford)."""
+    error, which the f32 references and tolerances cannot afford), and no CUDA graphs (the GPU
+    clock's calls must run in order)."""
     os.environ.setdefault("MLX_ENABLE_TF32", "0")
+    if args.backend == "mlx-cuda" and not host_clock_asked():
+        # Launches straight to MLX's stream, in order: the GPU clock (gpuclock.py) times calls
+        # one after the other; a CUDA graph would run a batch's independent calls side by side.
+        os.environ["MLX_USE_CUDA_GRAPHS"] = "0"
     if args.device is not None and args.backend == "mlx-cuda":
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = [v for v in visible.split(",") if v.strip()] if visible else None

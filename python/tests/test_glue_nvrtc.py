@@ -86,11 +86,11 @@ def nvrtc():
     return ctypes.CDLL(os.path.join(d, "lib", "libnvrtc.so.13")), os.path.join(d, "include")
 
 
-def compile_src(nvrtc, src):
+def compile_src(nvrtc, src, arch="sm_90"):
     lib, inc = nvrtc
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"glue.cu", 0, None, None) == 0
-    opts = [b"--gpu-architecture=sm_90", b"--std=c++17", f"--include-path={inc}".encode()]
+    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", f"--include-path={inc}".encode()]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     n = ctypes.c_size_t()

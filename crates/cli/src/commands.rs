@@ -102,6 +102,11 @@ fn isolation_of(pool: &Pool) -> String {
     }
 }
 
+/// Which clock the first worker times calls with, as its hello said.
+fn clock_of(pool: &Pool) -> Option<String> {
+    pool.workers.first().and_then(|w| w.clock.clone()).filter(|c| !c.is_empty())
+}
+
 fn store_path(g: &Global, fc: &FileConfig) -> PathBuf {
     g.store
         .clone()
@@ -393,6 +398,9 @@ fn run(g: &Global, task_name: &str, f: &RunFlags) -> Result<i32> {
             task.name, cfg.backend, started.1, cfg.planner, cfg.rounds
         );
         eprintln!("isolation: {}", isolation_of(&started.0));
+        if let Some(c) = clock_of(&started.0) {
+            eprintln!("timing: {c}");
+        }
     }
     let mut s = new_search_with(store, run_id, cfg.clone(), task, g.quiet, Some(started))?;
     let stop = StopRules::of(&cfg, budget);
@@ -1146,6 +1154,7 @@ fn bench(
     let run_id = store.create_run(&task.name, cfg.backend, "bench", cfg.seed, "", &serde_json::json!({}))?;
     let (pool, device) = start_pool(&cfg)?;
     let isolation = isolation_of(&pool);
+    let clock = clock_of(&pool).map(|c| format!("; timing: {c}")).unwrap_or_default();
     let mut s = new_search_with(store, run_id, cfg.clone(), task, true, Some((pool, device.clone())))?;
     let mut rows = Vec::new();
     let (mut worst, mut retimed) = (0.0f64, false);
@@ -1181,7 +1190,13 @@ fn bench(
         }
         rows.push((list_heldout, rs, rc));
     }
-    println!("{} on {} ({}); isolation: {}", s.task().name, cfg.backend, device, isolation);
+    println!(
+        "{} on {} ({}); isolation: {}{clock}",
+        s.task().name,
+        cfg.backend,
+        device,
+        isolation
+    );
     let mut ok = true;
     for (h, rs, rc) in &rows {
         if let Some(f) = ksearch_search::failure_of(rc) {

@@ -344,6 +344,10 @@ pub enum Reply {
         /// How this worker contains candidate code (e.g. `netns+landlock+seccomp`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         isolation: Option<String>,
+        /// Which clock times candidate calls (e.g. CUDA events, the GPU clock of the MLX
+        /// worker), printed in the run header.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        clock: Option<String>,
     },
     /// A progress event for request `id` (the supervisor uses it to switch time-outs).
     Progress {

@@ -315,6 +315,10 @@ impl Backend for CpuBackend {
         Some(self.isolation.clone())
     }
 
+    fn clock(&self) -> Option<String> {
+        Some("the host's monotonic clock around each call".into())
+    }
+
     fn eval(&mut self, req: &EvalRequest, progress: &mut dyn FnMut(&str)) -> EvalReply {
         let mut reply = EvalReply {
             id: req.id,

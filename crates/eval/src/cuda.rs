@@ -1721,6 +1721,10 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn clock(&self) -> Option<String> {
+        Some("CUDA events around each call on the worker's stream".into())
+    }
+
     fn eval(&mut self, req: &EvalRequest, progress: &mut dyn FnMut(&str)) -> EvalReply {
         match std::panic::catch_unwind(AssertUnwindSafe(|| self.eval_inner(req, progress))) {
             Ok(r) => r,

@@ -33,4 +33,8 @@ pub trait Backend {
     fn isolation(&self) -> Option<String> {
         None
     }
+    /// Which clock times candidate calls (printed in the run header).
+    fn clock(&self) -> Option<String> {
+        None
+    }
 }

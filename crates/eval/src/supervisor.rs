@@ -156,6 +156,8 @@ pub struct Supervisor {
     pub kernels: Option<bool>,
     /// How the worker contains candidate code, as its hello said.
     pub isolation: Option<String>,
+    /// Which clock times candidate calls, as its hello said.
+    pub clock: Option<String>,
     scrubber: crate::scrub::Scrubber,
 }
 
@@ -179,6 +181,7 @@ impl Supervisor {
             backend: String::new(),
             kernels: None,
             isolation: None,
+            clock: None,
             scrubber: crate::scrub::Scrubber::from_env(&[]),
         }
     }
@@ -284,6 +287,7 @@ impl Supervisor {
                         device,
                         kernels,
                         isolation,
+                        clock,
                         ..
                     }) = serde_json::from_str::<Reply>(&l)
                     {
@@ -291,6 +295,7 @@ impl Supervisor {
                         self.device = self.scrubber.text(&device);
                         self.kernels = kernels;
                         self.isolation = isolation;
+                        self.clock = clock;
                         break;
                     }
                 }

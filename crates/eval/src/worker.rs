@@ -105,6 +105,7 @@ pub fn serve(backend: &mut dyn Backend) -> i32 {
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernels: None,
         isolation: with_launch(backend.isolation()),
+        clock: backend.clock(),
     };
     if !send(&mut out, &hello) {
         return 3;
