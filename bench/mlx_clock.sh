@@ -16,7 +16,8 @@
 #         (and stage MLX: bench/mlx_gpu.sh's header)
 # There:  call 1, carry [".mlx-a"]:          mkdir -p /tmp/mlx && cp .mlx-a/* /tmp/mlx/
 #         call 2, carry [".mlx-b", ".gpu"]:  cp .mlx-b/* /tmp/mlx/ && bash /tmp/mlx/install.sh && bash bench/mlx_clock.sh
-# Environment: BIN (.gpu/ksearch), STEP_BUDGET (60s), SKIP_ATT_JUDGE=1, SKIP_GPU_TESTS=1.
+# Environment: BIN (.gpu/ksearch), STEP_BUDGET (60s), SKIP_CUDA=1, SKIP_ATT_JUDGE=1, SKIP_GPU_TESTS=1,
+#              GPU_TESTS_K (a pytest -k expression for step 5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.gpu/ksearch}
@@ -37,10 +38,10 @@ bench() {  # task kernel-file like backend [env...]
     say "bench $task $like on $backend ${*:-}"
     env "$@" timeout 150 "$BIN" bench "$task" "$file" --backend "$backend" --like "$like" 2>&1 | tail -n 12
 }
-bench mamba_step tasks/mamba_step/cuda/vec_step.cu vec_step cuda
+[ "${SKIP_CUDA:-0}" = 1 ] || bench mamba_step tasks/mamba_step/cuda/vec_step.cu vec_step cuda
 bench mamba_step tasks/mamba_step/mlx/vec_step.cu vec_step mlx
 bench mamba_step tasks/mamba_step/mlx/vec_step.cu vec_step mlx KSEARCH_MLX_CLOCK=host
-bench attention tasks/attention/cuda/flash_ws.cu flash_ws cuda
+[ "${SKIP_CUDA:-0}" = 1 ] || bench attention tasks/attention/cuda/flash_ws.cu flash_ws cuda
 bench attention tasks/attention/cuda/flash_ws.cu flash_ws mlx
 bench attention tasks/attention/cuda/flash_ws.cu flash_ws mlx KSEARCH_MLX_CLOCK=host
 
@@ -54,6 +55,6 @@ fi
 
 if [ "${SKIP_GPU_TESTS:-0}" != 1 ]; then
     say "5. MLX GPU tests"
-    KSEARCH_BIN=$BIN timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests/test_gpu.py 2>&1 | tail -n 8
+    KSEARCH_BIN=$BIN timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests/test_gpu.py ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 | tail -n 8
 fi
 say "done"
