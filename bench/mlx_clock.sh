@@ -16,7 +16,7 @@
 #         (and stage MLX: bench/mlx_gpu.sh's header)
 # There:  call 1, carry [".mlx-a"]:          mkdir -p /tmp/mlx && cp .mlx-a/* /tmp/mlx/
 #         call 2, carry [".mlx-b", ".gpu"]:  cp .mlx-b/* /tmp/mlx/ && bash /tmp/mlx/install.sh && bash bench/mlx_clock.sh
-# Environment: BIN (.gpu/ksearch), STEP_BUDGET (60s), SKIP_CUDA=1, SKIP_ATT_JUDGE=1, SKIP_GPU_TESTS=1,
+# Environment: BIN (.gpu/ksearch), STEP_BUDGET (60s), SKIP_CUDA=1, SKIP_HOST=1, SKIP_ATT_JUDGE=1, SKIP_GPU_TESTS=1,
 #              GPU_TESTS_K (a pytest -k expression for step 5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,10 +40,10 @@ bench() {  # task kernel-file like backend [env...]
 }
 [ "${SKIP_CUDA:-0}" = 1 ] || bench mamba_step tasks/mamba_step/cuda/vec_step.cu vec_step cuda
 bench mamba_step tasks/mamba_step/mlx/vec_step.cu vec_step mlx
-bench mamba_step tasks/mamba_step/mlx/vec_step.cu vec_step mlx KSEARCH_MLX_CLOCK=host
+[ "${SKIP_HOST:-0}" = 1 ] || bench mamba_step tasks/mamba_step/mlx/vec_step.cu vec_step mlx KSEARCH_MLX_CLOCK=host
 [ "${SKIP_CUDA:-0}" = 1 ] || bench attention tasks/attention/cuda/flash_ws.cu flash_ws cuda
 bench attention tasks/attention/cuda/flash_ws.cu flash_ws mlx
-bench attention tasks/attention/cuda/flash_ws.cu flash_ws mlx KSEARCH_MLX_CLOCK=host
+[ "${SKIP_HOST:-0}" = 1 ] || bench attention tasks/attention/cuda/flash_ws.cu flash_ws mlx KSEARCH_MLX_CLOCK=host
 
 say "3. mamba_step search on --backend mlx (GPU clock)"
 STEP_BUDGET=${STEP_BUDGET:-60s} BIN=$BIN timeout 200 bash bench/mlx_step.sh 2>&1 | tail -n 45

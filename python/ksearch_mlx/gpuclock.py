@@ -18,7 +18,9 @@ kernel that leaves the GPU half idle. So the judge times a batch like this:
    to back, with no host work between them.
 
 A call's time is ``(stamp - gate release - empty bracket) / calls``, where the empty bracket
-(the gate followed at once by the stamp: one launch gap) is measured when the clock is made.
+(the gate followed at once by the stamp: one launch gap; the least of 7) is measured when the
+clock is made. The clock then checks itself: calls that each spin a known time on the GPU
+clock must measure at least that each, else there is no clock (and the judge uses the host's).
 It is each kernel's run plus one launch gap, as on a stream a model fills. The gate gives up
 after ``GATE_LIMIT_NS`` (a host that never set its flag cannot hang the GPU) and the sample
 then raises ``ClockError``; so does a time that is negative or longer than the host's own
@@ -64,7 +66,9 @@ if (threadIdx.x == 0 && blockIdx.x == 0) {{
   t[1] = gave_up;
 }}
 """
-# Input `after` (any array: only its place in the graph matters); output `t` (uint64[1]).
+# Input `after` (any array: only its place in the graph matters); output `t` (uint64[2], more
+# than MLX's 8-byte small blocks, which live in managed memory: a page of them that the host
+# read last would migrate back between the gate and the stamp, tens of microseconds).
 STAMP_INPUTS = ("after",)
 STAMP_BODY = """
 if (threadIdx.x == 0 && blockIdx.x == 0) {
@@ -72,6 +76,21 @@ if (threadIdx.x == 0 && blockIdx.x == 0) {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   t[0] = now;
 }
+"""
+
+# The self-check at creation: CHECK_CALLS calls that each spin CHECK_NS on the GPU clock must
+# measure at least that long each (they ran one after the other, behind the gate).
+CHECK_NS = 20_000
+CHECK_CALLS = 4
+CHECK_BODY = f"""
+if (threadIdx.x == 0) {{
+  unsigned long long t0, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {{
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  }} while (now - t0 < {CHECK_NS}ull);
+  y[0] = x[0] + 1.0f;
+}}
 """
 
 # cuMemHostAlloc flags: PORTABLE | DEVICEMAP
@@ -114,13 +133,18 @@ class GpuClock:
     """Times batches of MLX calls on the GPU clock (see the module's text)."""
 
     def __init__(self) -> None:
+        import os
+
         import mlx.core as mx
 
+        if os.environ.get("MLX_USE_CUDA_GRAPHS", "") != "0":
+            # In a graph the calls would not wait for the gate (mx.depends adds no graph edge).
+            raise ClockError("MLX's CUDA graphs are on (MLX_USE_CUDA_GRAPHS=0 must be set before MLX starts)")
         self.mx = mx
         self.flag = PinnedFlag()
         self._seq = 0
         self._addr = mx.array([self.flag.device_address], dtype=mx.uint64)
-        self._dummy = mx.zeros((1,), dtype=mx.uint32)
+        self._dummy = mx.zeros((64,), dtype=mx.uint32)
         mx.eval(self._addr, self._dummy)
         self._gate_k = mx.fast.cuda_kernel(
             name=GATE_NAME, input_names=list(GATE_INPUTS), output_names=["t"], source=GATE_BODY
@@ -136,13 +160,35 @@ class GpuClock:
         gate = self._gate(self._seq)
         mx.eval(gate, self._stamp([gate]))
         mx.synchronize()
-        # The empty bracket: a gate followed at once by a stamp (compiles both kernels first).
-        empties = []
-        for _ in range(7):
-            ns, _ = self._bracket([])
-            empties.append(ns)
-        empties.sort()
-        self.empty_ns = empties[len(empties) // 2]
+        # The empty bracket: a gate followed at once by a stamp. Its least time is subtracted
+        # from every sample, so a sample is never made shorter than its calls took.
+        self.empty_ns = min(self._bracket([])[0] for _ in range(7))
+        self._self_check()
+
+    def _self_check(self) -> None:
+        """Calls that spin a known time on the GPU clock measure at least that each: they ran
+        behind the gate and one after the other (else ``ClockError``: no clock)."""
+        mx = self.mx
+        spin = mx.fast.cuda_kernel(name="ks_clock_check", input_names=["x"], output_names=["y"], source=CHECK_BODY)
+
+        def call(v: dict) -> dict:
+            (y,) = spin(inputs=[v["x"]], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(4,)],
+                        output_dtypes=[mx.float32])
+            return {"y": y}
+
+        xs = [{"x": mx.full((4,), float(i))} for i in range(CHECK_CALLS)]
+        mx.eval([v["x"] for v in xs])
+        mx.eval(call(xs[0])["y"])  # compiled and loaded outside any bracket
+        per_call, results = self.time_calls([call] * CHECK_CALLS, xs)
+        got = [float(r["y"][0].item()) for r in results]
+        if got != [float(i) + 1 for i in range(CHECK_CALLS)]:
+            raise ClockError(f"the self-check's calls returned {got}")
+        if per_call * 1e9 < CHECK_NS:
+            raise ClockError(
+                f"{CHECK_CALLS} calls of {CHECK_NS / 1e3:.0f} us each measured {per_call * 1e6:.1f} us each: "
+                "they did not run one after the other behind the gate"
+            )
+        self.check_us = per_call * 1e6
 
     @classmethod
     def create(cls) -> tuple[Optional["GpuClock"], str]:
@@ -170,7 +216,7 @@ class GpuClock:
             inputs=[dep],
             grid=(1, 1, 1),
             threadgroup=(1, 1, 1),
-            output_shapes=[(1,)],
+            output_shapes=[(2,)],
             output_dtypes=[mx.uint64],
         )
         return t

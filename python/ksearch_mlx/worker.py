@@ -156,11 +156,14 @@ class Worker:
         self._clock: Any = None
         self.clock_note = "host clock"
         if backend == "mlx-cuda" and self.kernels and not host_clock_asked():
+            from . import gpuclock
             from .gpuclock import GpuClock
 
             self._clock, why = GpuClock.create()
             self.clock_note = (
-                f"GPU clock (empty bracket {self._clock.empty_ns / 1e3:.1f} us)"
+                f"GPU clock (gate and stamp on MLX's stream, empty bracket {self._clock.empty_ns / 1e3:.1f} us; "
+                f"self-check: {gpuclock.CHECK_CALLS} calls of {gpuclock.CHECK_NS / 1e3:.0f} us measured "
+                f"{self._clock.check_us:.1f} us each)"
                 if self._clock is not None
                 else f"host clock (no GPU clock: {one_line(why, 200)})"
             )

@@ -5,7 +5,13 @@ Without a GPU: its gate and stamp bodies compile with NVRTC for sm_90 and sm_80,
 CUDA back-end (test_gpu.py's condition): calls timed on it run one after the other, never side
 by side, and their times are not MLX's host cost.
 """
+import json
+import os
+import subprocess
+import sys
+
 import pytest
+from conftest import PYTHON_DIR
 from test_glue_nvrtc import compile_src, nvrtc  # noqa: F401  (the fixture)
 
 from ksearch_mlx import gpuclock
@@ -39,43 +45,55 @@ def test_a_broken_clock_body_is_caught(nvrtc):  # noqa: F811
     assert rc != 0 and "sequence" in log
 
 
+def test_no_clock_while_mlx_cuda_graphs_are_on(monkeypatch):
+    # In a CUDA graph the calls would not wait for the gate: the clock refuses, with the reason.
+    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)
+    clock, why = gpuclock.GpuClock.create()
+    assert clock is None and "MLX_USE_CUDA_GRAPHS=0" in why, why
+
+
 def _cuda():
     import mlx.core as mx
 
     return hasattr(mx, "cuda") and mx.cuda.is_available()
 
 
-# A kernel that spins on the GPU clock for SPIN_NS, one block.
+# In a fresh process (MLX reads MLX_USE_CUDA_GRAPHS once): a clock, its self-check, and eight
+# calls that each spin SPIN_NS on the GPU clock, timed on it.
 SPIN_NS = 20_000
-SPIN = f"""
-if (threadIdx.x == 0) {{
-  unsigned long long t0, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {{ asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); }} while (now - t0 < {SPIN_NS}ull);
-  y[0] = x[0] + 1.0f;
-}}
+PROBE = f"""
+import json, os
+import mlx.core as mx
+from ksearch_mlx import gpuclock
+clock, why = gpuclock.GpuClock.create()
+out = {{"why": why}}
+if clock is not None:
+    spin = mx.fast.cuda_kernel(name="ks_test_spin", input_names=["x"], output_names=["y"], source=gpuclock.CHECK_BODY.replace(
+        str(gpuclock.CHECK_NS), "{SPIN_NS}"))
+
+    def call(v):
+        (y,) = spin(inputs=[v["x"]], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(4,)], output_dtypes=[mx.float32])
+        return {{"y": y}}
+
+    xs = [{{"x": mx.full((4,), float(i))}} for i in range(8)]
+    mx.eval([v["x"] for v in xs])
+    mx.eval(call(xs[0])["y"])
+    per_call, results = clock.time_calls([call] * 8, xs)
+    out.update(per_call=per_call, ys=[float(r["y"][0].item()) for r in results], empty_ns=clock.empty_ns, check_us=clock.check_us)
+print(json.dumps(out))
 """
 
 
 @pytest.mark.skipif(not _cuda(), reason="needs MLX's CUDA back-end")
 def test_calls_on_the_gpu_clock_run_one_after_the_other():
-    import mlx.core as mx
-
-    clock, why = gpuclock.GpuClock.create()
-    assert clock is not None, why
-    spin = mx.fast.cuda_kernel(name="ks_test_spin", input_names=["x"], output_names=["y"], source=SPIN)
-
-    def call(v):
-        (y,) = spin(inputs=[v["x"]], grid=(32, 1, 1), threadgroup=(32, 1, 1),
-                    output_shapes=[(1,)], output_dtypes=[mx.float32])
-        return {"y": y}
-
-    xs = [{"x": mx.array([float(i)])} for i in range(8)]
-    mx.eval([v["x"] for v in xs])
-    call(xs[0])["y"].item()  # compiles
-    per_call, results = clock.time_calls([call] * len(xs), xs)
+    env = {**os.environ, "MLX_USE_CUDA_GRAPHS": "0", "PYTHONPATH": str(PYTHON_DIR)}
+    r = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["why"] == "", out
     # Side by side, eight one-block calls would take one call's time, an eighth each.
-    assert per_call >= SPIN_NS * 1e-9, per_call
+    assert out["per_call"] >= SPIN_NS * 1e-9, out
+    assert out["check_us"] >= gpuclock.CHECK_NS / 1e3, out
     # Every call ran, on its own input.
-    assert [r["y"].item() for r in results] == [float(i) + 1 for i in range(8)]
-    assert clock.empty_ns >= 0
+    assert out["ys"] == [float(i) + 1 for i in range(8)], out
+    assert out["empty_ns"] >= 0, out
