@@ -253,11 +253,11 @@ class Worker:
     def eval(self, req: dict, progress: Callable[[str], None]) -> dict:
         reply = empty_reply(req.get("id", 0))
         started = time.perf_counter()
-        state = {"compiled": False}
+        state: dict[str, Any] = {"compiled": None}
 
         def compiled() -> None:
-            if not state["compiled"]:
-                state["compiled"] = True
+            if state["compiled"] is None:
+                state["compiled"] = time.perf_counter()
                 progress("compiled")
 
         try:
@@ -270,6 +270,7 @@ class Worker:
         finally:
             self.mx.clear_cache()
         reply["overhead_s"] = max(0.0, time.perf_counter() - started - reply["kernel_s"] - reply["compile"]["seconds"])
+        account(reply, started, state["compiled"])
         return reply
 
     def _eval(self, req: dict, reply: dict, compiled: Callable[[], None], progress: Callable[[str], None]) -> None:
@@ -300,7 +301,10 @@ class Worker:
             reply["workloads"].append(res)
             compiled()
             progress(f"workload {i + 1}/{len(workloads)}")
+        # The launch configuration first, then the judge's notes (how each workload was timed).
+        notes = reply["resources"].get("raw", "")
         reply["resources"] = resources(cc, workloads)
+        reply["resources"]["raw"] = "\n".join(r for r in (reply["resources"]["raw"], notes) if r)
 
     def _instances(self, cc: Any, axes: dict[str, int]) -> list[tuple]:
         """The kernel instantiations a workload needs (name and template values)."""
@@ -371,6 +375,7 @@ class Worker:
         finally:
             self.mx.clear_cache()
         reply["overhead_s"] = max(0.0, time.perf_counter() - started - reply["kernel_s"])
+        account(reply, started, started)
         return reply
 
     def _baseline(self, req: dict, reply: dict, progress: Callable[[str], None]) -> None:
@@ -435,6 +440,21 @@ def empty_reply(id_: Any) -> dict:
         "overhead_s": 0.0,
         "kernel_s": 0.0,
     }
+
+
+def account(reply: dict, started: float, compiled: Optional[float]) -> None:
+    """The pool's accounting fields (docs/protocol.md): compile seconds from the request to its
+    first compiled call (the whole request when none compiled), then the device held to the end
+    (this worker is the only one on its device and takes no lock), as a span of the machine's
+    monotonic clock."""
+    end = time.perf_counter()
+    split = end if compiled is None else compiled
+    reply["compile_s"] = max(0.0, split - started)
+    reply["device_s"] = max(0.0, end - split)
+    reply["lock_wait_s"] = 0.0
+    if reply["device_s"] > 0:
+        now = time.monotonic()
+        reply["device_spans"] = [[now - reply["device_s"], now]]
 
 
 def workload_result(w: dict) -> dict:

@@ -3,6 +3,7 @@ kernels, since MLX's CPU back-end cannot run custom kernels)."""
 
 import json
 import math
+import time
 import subprocess
 import sys
 
@@ -116,6 +117,7 @@ def test_eval_without_gpu_fails_as_infra_and_keeps_serving(proc):
     assert reply["failure"]["class"] == "infra"
     assert "no CUDA back-end" in reply["failure"]["message"]
     assert reply["workloads"] == [] and set(reply["compile"]) == {"log", "cached", "seconds"}
+    assert reply["compile_s"] > 0 and reply["device_s"] == 0 and "device_spans" not in reply
     proc.send({"op": "hello"})
     assert proc.read()["reply"] == "hello"
     assert proc.close() == 0
@@ -253,6 +255,12 @@ def test_a_correct_kernel_is_checked_and_timed(fake_worker):
         assert w["axes"] == SOFTMAX_W["axes"] and w["seed"] == SOFTMAX_W["seed"]
     assert reply["compile"]["seconds"] > 0 and reply["kernel_s"] > 0
     assert "softmax: grid (128, 1, 1) threadgroup (32, 1, 1)" in reply["resources"]["raw"]
+    # The pool's accounting: compile up to the first compiled call, then the device to the end,
+    # as one span of the monotonic clock (the worker is alone on its device: no lock wait).
+    assert reply["compile_s"] > 0 and reply["device_s"] > 0 and reply["lock_wait_s"] == 0
+    (a, b), = reply["device_spans"]
+    assert b - a == pytest.approx(reply["device_s"]) and b <= time.monotonic()
+    assert "host clock" in reply["resources"]["raw"]  # no GPU clock for the fake kernels
 
 
 def test_check_only_skips_timing(fake_worker):
