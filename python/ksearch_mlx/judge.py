@@ -70,9 +70,9 @@ MIN_ALIGN_BYTES = 16
 MIN_WINDOWS = 1024
 # Bytes past the end of every task output that a poisoned call fills and the judge reads back.
 GUARD_BYTES = 4096
-# A timed sample should last at least this long, so that MLX's fixed cost per eval +
-# synchronize (~80 us on an H200) does not swamp a small kernel; at most this many calls are
-# queued into one sample.
+# A timed sample should last at least this long (the probe's time: on the GPU clock, the call
+# itself; on the host clock, with MLX's fixed cost per eval + synchronize, ~80 us on an H200,
+# which a batch spreads over its calls); at most this many calls go into one sample.
 BATCH_TARGET_US = 1000.0
 BATCH_MAX = 16
 # Calls queued in one sample rotate through pool sets while `sets * working set` stays under
