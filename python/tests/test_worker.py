@@ -103,6 +103,9 @@ def test_hello_first_then_on_request(proc):
     if not cuda_available():
         assert hello["kernels"] is False
         assert hello["device"].startswith("cpu (mlx ") and "no CUDA back-end" in hello["device"]
+        assert hello["clock"] == "host clock"
+    else:
+        assert hello["clock"].startswith("GPU clock"), hello
     proc.send({"op": "hello"})
     assert proc.read() == hello
     assert proc.close() == 0

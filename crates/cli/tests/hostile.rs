@@ -136,6 +136,8 @@ fn hostile_kernels_are_rejected_by_a_run_and_leave_nothing_behind() {
         o.status.code()
     );
     assert!(out.contains("isolation: "), "{out}");
+    // The worker's hello says which clock times the calls, and the header prints it.
+    assert!(out.contains("timing: the host's monotonic clock"), "{out}");
     let tree = text(&ks(d.path()).args(["tree", "1"]).output().unwrap());
     for (kernel, allowed) in &expect {
         if kernel == "good" {
