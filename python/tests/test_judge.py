@@ -281,3 +281,46 @@ def test_a_raising_call_is_a_run_error():
     with pytest.raises(judge.RunError) as e:
         run(boom)
     assert e.value.first and "launch refused" in str(e.value.exc)
+
+
+class StandInClock:
+    """Runs the calls as the GPU clock does (in order, results back) and states `per_call`
+    seconds for each sample; from sample `fail_at` on it raises the GPU clock's error."""
+
+    def __init__(self, per_call, fail_at=None):
+        self.per_call, self.fail_at, self.samples = per_call, fail_at, 0
+
+    def time_calls(self, calls, views):
+        self.samples += 1
+        if self.fail_at is not None and self.samples >= self.fail_at:
+            raise judge.ClockError("the gate gave up")
+        results = [c(v) for c, v in zip(calls, views)]
+        mx.eval([a for r in results for a in (r[0] if isinstance(r, tuple) else r).values()])
+        return self.per_call, results
+
+
+def test_samples_are_timed_on_the_clock_when_there_is_one():
+    rec = Recorder()
+    res, j = run(rec, clock=StandInClock(42e-6))
+    assert res["failure"] is None, res["failure"]
+    # Every sample is the clock's figure (not the host's time of the batch).
+    assert res["timing"]["median_us"] == pytest.approx(42.0) and res["timing"]["min_us"] == pytest.approx(42.0)
+    assert any("GPU clock" in r for r in j.raw), j.raw
+    # The calls still ran, were checked (first, one timed, last) and saw fresh windows.
+    assert len({c["address"] for c in rec.calls}) > 3
+
+
+def test_a_failing_clock_falls_back_to_the_host_clock_without_mixing_samples():
+    # The clock gives 1 s per call until it fails: had those samples stayed, the median of a
+    # few-microsecond CPU call would be near a second.
+    res, j = run(Recorder(), clock=StandInClock(1.0, fail_at=4))
+    assert res["failure"] is None, res["failure"]
+    assert res["timing"]["median_us"] < 1e5 and res["timing"]["reps"] >= 3
+    assert any("GPU clock dropped (the gate gave up); host clock from here on" in r for r in j.raw), j.raw
+    assert j.clock is None
+
+
+def test_a_clock_that_fails_at_the_probe_leaves_the_host_clock():
+    res, j = run(Recorder(), clock=StandInClock(1.0, fail_at=1))
+    assert res["failure"] is None and res["timing"]["median_us"] < 1e5
+    assert any("host clock" in r for r in j.raw) and j.clock is None
