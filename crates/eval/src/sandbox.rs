@@ -19,7 +19,10 @@
 //!
 //! Each mechanism is probed, never required: what was applied is reported back as the
 //! isolation level and printed in the run header. The runner's replies are never believed:
-//! the judge times each call itself, stops the runner before reading outputs, and checks them.
+//! the judge times each call itself and checks the outputs. After each answer the runner stops
+//! its whole process (SIGSTOP, the call right after the answer), so a thread the kernel left
+//! running is frozen before it can finish the work; the judge reads outputs while it is stopped
+//! and continues it for the next call.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -108,6 +111,8 @@ pub struct Runner {
     /// Isolation actually applied, as the runner set it up before loading candidate code.
     pub isolation: String,
     exited: Option<i32>,
+    /// The runner stopped itself after its last answer and is still stopped.
+    held: bool,
     /// Peak resident memory of the runner when it ended (bytes; from `wait4`).
     pub peak_rss: u64,
     /// The fastest empty round trip over the channel, measured before the kernel was loaded.
@@ -242,6 +247,7 @@ impl Runner {
             arena_base: 0,
             isolation: String::new(),
             exited: None,
+            held: false,
             peak_rss: 0,
             channel_s: 0.0,
         };
@@ -353,6 +359,7 @@ impl Runner {
         for d in dims {
             msg.extend_from_slice(&d.to_le_bytes());
         }
+        self.resume();
         let t = Instant::now();
         if self.cmd.write_all(&msg).and_then(|_| self.cmd.flush()).is_err() {
             return Err(self.wait_death());
@@ -362,6 +369,9 @@ impl Runner {
             return Err(self.wait_death());
         }
         let seen = t.elapsed().as_secs_f64();
+        // The runner stops itself right after its answer (runner_main): wait for that stop, so
+        // whatever the kernel left running is frozen until the judge has read the outputs.
+        self.wait_stopped()?;
         // The runner's answer is b'D' and its own clock; anything else on the channel was
         // written by the candidate (it can reach every descriptor of its process).
         if b[0] != b'D' {
@@ -379,24 +389,12 @@ impl Runner {
     /// Stop every thread of the runner (so nothing it left running can still write), run `f`,
     /// then let it go on.
     pub fn stopped<T>(&mut self, f: impl FnOnce(&mut Runner) -> T) -> Result<T, Death> {
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: signalling and waiting for our own child.
-        unsafe {
-            libc::kill(pid, libc::SIGSTOP);
-            let mut st = 0;
-            loop {
-                let r = wait4(pid, &mut st, libc::WUNTRACED, &mut self.peak_rss);
-                if r == pid {
-                    break;
-                }
-                if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                    return Err(Death::Exit(-1));
-                }
+        if !self.held {
+            // SAFETY: signalling our own child.
+            unsafe {
+                libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP);
             }
-            if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
-                self.exited = Some(st);
-                return Err(self.death_of(st));
-            }
+            self.wait_stopped()?;
         }
         // Stopped after its answer, the runner has nothing more to say: bytes still waiting on
         // its answer channel were written by the candidate (a forged reply ahead of the real
@@ -411,11 +409,41 @@ impl Runner {
             )));
         }
         let out = f(self);
-        // SAFETY: as above.
-        unsafe {
-            libc::kill(pid, libc::SIGCONT);
-        }
+        self.resume();
         Ok(out)
+    }
+
+    /// Wait until the runner is stopped (it stopped itself, or was stopped); its death if it
+    /// ended instead.
+    fn wait_stopped(&mut self) -> Result<(), Death> {
+        let pid = self.child.id() as libc::pid_t;
+        let mut st = 0;
+        loop {
+            let r = wait4(pid, &mut st, libc::WUNTRACED, &mut self.peak_rss);
+            if r == pid {
+                break;
+            }
+            if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return Err(Death::Exit(-1));
+            }
+        }
+        if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
+            self.exited = Some(st);
+            return Err(self.death_of(st));
+        }
+        self.held = true;
+        Ok(())
+    }
+
+    /// Let a stopped runner go on.
+    fn resume(&mut self) {
+        if self.held {
+            // SAFETY: signalling our own child.
+            unsafe {
+                libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT);
+            }
+            self.held = false;
+        }
     }
 
     fn death_of(&self, st: i32) -> Death {
@@ -998,6 +1026,13 @@ pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entr
         reply[1..].copy_from_slice(&t.elapsed().as_secs_f64().to_le_bytes());
         if out.write_all(&reply).and_then(|_| out.flush()).is_err() {
             return 3;
+        }
+        // Stop every thread of this process at once, a system call after the answer, so that a
+        // thread the kernel left running cannot finish its work before the judge looks: the
+        // judge reads the outputs while the runner is stopped and continues it (`Runner::run`).
+        // SAFETY: a signal to this process itself (the seccomp filter allows no other).
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGSTOP);
         }
     }
 }
