@@ -58,6 +58,9 @@ STRESS = {
         {"B": 1, "H": 3, "Hkv": 3, "L": 65, "D": 128, "causal": 0},
         {"B": 3, "H": 8, "Hkv": 2, "L": 127, "D": 64, "causal": 1},
         {"B": 1, "H": 6, "Hkv": 3, "L": 129, "D": 96, "causal": 0},
+        # more work items than an H200 has SMs twice over: persistent blocks take several
+        {"B": 2, "H": 16, "Hkv": 4, "L": 1100, "D": 128, "causal": 1},
+        {"B": 3, "H": 8, "Hkv": 8, "L": 1500, "D": 64, "causal": 0},
         {"B": 2, "H": 4, "Hkv": 1, "L": 200, "D": 128, "causal": 1},
         {"B": 1, "H": 2, "Hkv": 2, "L": 255, "D": 64, "causal": 0},
     ],

@@ -18,26 +18,29 @@
 //    tensor cores.
 // Any L (tail tiles zero-filled by cp.async src-size 0, keys past L masked to -inf, rows past L
 // not stored), grouped-query heads (query head h reads key/value head h / (H / Hkv)), causal
-// (tiles past the diagonal skipped, heavy blocks first), HD 64, 96 (laid out as 128 columns) or 128.
+// (tiles past the diagonal skipped), HD 64, 96 (laid out as 128 columns) or 128.
+// Persistent: the grid is min(work items, CTAS) blocks; where the items outnumber the blocks, each
+// block strides over pairs of (head, 128-row query block) items (work_item below). At CTAS = the
+// SM count every SM keeps one block for the whole call and the producer loads the next item's Q
+// and K/V tiles while the consumers finish the last tiles of this one and store its output (Q's
+// buffer is handed back by an mbarrier once both consumers' last S products have completed).
 // Tunables: HD (== D), BLOCK_N (keys per tile: 64 or 128), STAGES (K/V buffers: 2-4, as shared
-// memory allows), PP (ping-pong: 0 or 1); PREG / CREG (registers of producer / consumers) are fixed
-// (48 / 224: no spills at any tunable; ptxas allocates each role's branch within its setmaxnreg).
-// QREG=1 (not a task.toml tunable, never measured): Q as wgmma A fragments in registers, read once
-// from global memory, no Q tile in shared memory (S = Q K^T with A from registers, 32 KB less
-// shared-memory traffic per tile pair). Its one run on the H200 hung: it asked for PREG 32 / CREG
-// 240, more than the block's 3 * 168 registers a thread-slot (fixed to 40 / 232, untested since).
+// memory allows), PP (ping-pong: 0 or 1), CTAS (blocks: the GPU's SM count, 132 on an H100/H200
+// SXM; a value above the items gives one item per block, the launch of the kernel before it was
+// persistent); PREG / CREG (registers of producer / consumers) are fixed (48 / 224: no spills at
+// any tunable; ptxas allocates each role's branch within its setmaxnreg).
 // Measured on the H200 (2026-12-04, bench/cuda_dev.py, CUDA events, L2 flushed, every element
-// checked; cuDNN SDPA in the same process; bench/h200-2026-12-04-flash-ws.txt), defaults:
-//   4,32,32,2048,128        489.7 us (561 TFLOP/s)  cuDNN 461.0  0.94x  (flash_wgmma MBAR=1 536.9)
-//   4,32,32,2048,128 causal 301.8 us               cuDNN 283.7  0.94x  (flash_wgmma 331.5)
-//   4,32,8,2048,128         492.7 us               cuDNN 457.6  0.93x  (flash_wgmma 533.7)
-//   1,32,8,4096,128 causal  274.8 us               cuDNN 273.9  1.00x  (flash_wgmma 300.7)
-//   1,32,8,2048,128 causal   92.1 us               cuDNN  86.8  0.94x  (flash_wgmma 100.8)
-// and 0.93-0.97x of cuDNN on the task's held-out shapes with L > 1 (D = 64: 70.4 us, flash_wgmma
-// 65.3), L = 1 7.0 us against torch SDPA's 8.1. Inside MLX (bench/mlx_attention.py, same day) the
-// main shape is 0.84-0.87x of mx.fast.scaled_dot_product_attention (flash_wgmma was 0.75-0.83x). At
-// the main shape PP=0 500.3 us, BLOCK_N=64 559.3, STAGES=2 596.9. A later call measured the main
-// shape at 484.6 us against cuDNN's 429.6 (0.89x): cuDNN's time moves more between calls than ours.
+// checked; cuDNN SDPA in the same process; bench/h200-2026-12-04-persistent-attention.txt),
+// defaults, with the non-persistent version of the same morning (one block per item, grid
+// (L/128, B*H), heavy blocks first; bench/h200-2026-12-04-flash-ws.txt) in brackets:
+//   4,32,32,2048,128        481.1 us  cuDNN 445.4  0.93x  (489.7, 0.94x)
+//   4,32,32,2048,128 causal 278.3 us  cuDNN 275.5  0.99x  (301.8, 0.94x)
+//   1,32,8,4096,128 causal  247.2 us  cuDNN 275.6  1.11x  (274.8, 1.00x)
+//   1,32,8,2048,128 causal   74.9 us  cuDNN  85.8  1.14x  (92.1, 0.94x)
+// and 0.94-1.30x of cuDNN on the task's held-out shapes with L > 1, L = 1 7.4 us (torch SDPA 23.0).
+// Inside MLX (the worker's GPU clock, same day) the kernel runs as fast as here (478.6-483.3 us at
+// 4,32,8,2048,128) and is 0.90x of mx.fast.scaled_dot_product_attention there (434.5 us: MLX's
+// cuDNN graph is faster than torch's), 0.96x causal, 0.91-2.03x on the held-out shapes.
 // f16 data handled as raw 16-bit words; no headers needed.
 #ifndef HD
 #define HD 128
@@ -51,23 +54,11 @@
 #ifndef PP
 #define PP 1
 #endif
-#ifndef QREG
-#define QREG 0
-#endif
-#if QREG
-#ifndef PREG
-#define PREG 40
-#endif
-#ifndef CREG
-#define CREG 232
-#endif
-#else
 #ifndef PREG
 #define PREG 48
 #endif
 #ifndef CREG
 #define CREG 224
-#endif
 #endif
 // setmaxnreg.inc takes registers only from what the block holds (168 a thread at launch under
 // __launch_bounds__(384, 1)) and what setmaxnreg.dec gave back: a consumer that asks for more waits
@@ -82,7 +73,7 @@
 #define PT 128               // producer threads
 #define HDP ((HD + 63) / 64 * 64)  // columns of the shared-memory tiles and of the PV product
 #define TILE_BYTES (BLOCK_N * HDP * 2)
-#define Q_BYTES (QREG ? 0 : BLOCK_M * HDP * 2)  // QREG=1: Q lives in registers only
+#define Q_BYTES (BLOCK_M * HDP * 2)
 #if STAGES < 2
 #error "STAGES must be at least 2"
 #endif
@@ -211,21 +202,6 @@ __device__ __forceinline__ void wgmma_ss_n128(float* d, unsigned long long da, u
                  : "l"(da), "l"(db), "r"(sd));
 }
 
-// S = Q K^T with Q from registers (QREG=1): K K-major in shared memory (imm-trans-b = 0).
-__device__ __forceinline__ void wgmma_rs_n64(float* d, const unsigned* a, unsigned long long db, int sd) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sd));
-}
-
-__device__ __forceinline__ void wgmma_rs_n128(float* d, const unsigned* a, unsigned long long db, int sd) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sd));
-}
-
 __device__ __forceinline__ void wgmma_rs_n64_tb(float* d, const unsigned* a, unsigned long long db) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
@@ -256,16 +232,28 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 
 #if BLOCK_N == 128
 #define WGMMA_S wgmma_ss_n128
-#define WGMMA_S_RS wgmma_rs_n128
 #else
 #define WGMMA_S wgmma_ss_n64
-#define WGMMA_S_RS wgmma_rs_n64
 #endif
 #if HDP == 128
 #define WGMMA_O wgmma_rs_n128_tb
 #else
 #define WGMMA_O wgmma_rs_n64_tb
 #endif
+
+// Work items: (batch*head, 128-row query block), numbered head by head so that blocks running at
+// the same time read the same K/V (L2 reuse); under the causal mask a head's blocks are ordered
+// heaviest, lightest, second heaviest, second lightest, ... Where the items outnumber the blocks,
+// a block takes them two at a time (a pair: under the causal mask a heavy and a light block, nM + 1
+// key tiles together, so every pair costs about the same and a static stride balances the SMs)
+// and strides over the pairs by gridDim.x: with one block per SM it is persistent, the producer
+// loading the next item's Q and K/V tiles while the consumers finish the last tiles and store the
+// output of this one.
+__device__ __forceinline__ void work_item(int w, int nM, int causal, int& bh, int& mb) {
+    bh = w / nM;
+    const int j = w - bh * nM;
+    mb = causal ? ((j & 1) ? (j >> 1) : nM - 1 - (j >> 1)) : j;
+}
 
 extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned short* __restrict__ q,
                                                               const unsigned short* __restrict__ k,
@@ -275,22 +263,28 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
     const unsigned sKV = sQ + Q_BYTES;  // stage s: K at sKV + 2 * s * TILE_BYTES, V at + TILE_BYTES
-    // full[s] at sBar + 8s: the stage's tiles have landed (PT producer arrivals; full[0] covers Q
-    // too); empty[s] at sBar + 8 (STAGES + s): every consumer warp is done reading the stage (8).
+    // full[s] at sBar + 8s: the stage's tiles have landed (PT producer arrivals; the full barrier of
+    // an item's first tile covers its Q too); empty[s] at sBar + 8 (STAGES + s): every consumer warp
+    // is done reading the stage (8); qempty at sBar + 16 STAGES: every consumer warp's last S product
+    // of the item has completed, so Q may be overwritten (8).
     const unsigned sBar = sKV + 2 * STAGES * TILE_BYTES;
+    const unsigned sQe = sBar + 16 * STAGES;
     const int tid = threadIdx.x, wg = tid >> 7;
-    const long long bh = blockIdx.y;
-    const long long kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);  // the key/value head of this query head
-    const int Ln = (int)L;
-    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int m0 = mb * BLOCK_M;
+    const int Ln = (int)L, Hn = (int)H, grp = (int)(H / Hkv), cz = causal ? 1 : 0;
+    const int nM = (Ln + BLOCK_M - 1) / BLOCK_M;
+    const int items = (int)(B * H) * nM;
+    // Items two at a time only where the grid cannot hold them all at once (one wave needs no
+    // balancing, and a pair would double the latency of a small call).
+    const int per = items > (int)gridDim.x ? 2 : 1, groups = (items + per - 1) / per;
     const int ntk = (Ln + BLOCK_N - 1) / BLOCK_N;  // key tiles; the last one may be partial
-    const int nt = causal ? min(ntk, (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N) : ntk;
+    // Key tiles of the query block starting at row m0.
+    auto tiles = [&](int m0) { return cz ? min(ntk, (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N) : ntk; };
     if (tid == 0) {
         for (int st = 0; st < STAGES; st++) {
             mbar_init(sBar + 8 * st, PT);
             mbar_init(sBar + 8 * (STAGES + st), 4 * NWG);
         }
+        mbar_init(sQe, 4 * NWG);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -298,73 +292,66 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     if (wg == 0) {
         // ---- producer ----
         setmaxnreg_dec<PREG>();
-        const unsigned short* Kg = k + kvh * L * HD;
-        const unsigned short* Vg = v + kvh * L * HD;
-        // Q's copies complete tile 0's `full` barrier too.
-        if (!QREG) load_tile<BLOCK_M, false>(sQ, q + bh * L * HD + (long long)m0 * HD, Ln - m0, tid);
-        for (int t = 0; t < nt; t++) {
-            const int st = t % STAGES;
-            if (t >= STAGES) mbar_wait(sBar + 8 * (STAGES + st), (t / STAGES - 1) & 1);
-            const unsigned dst = sKV + 2 * st * TILE_BYTES;
-            const long long off = (long long)t * BLOCK_N * HD;
-            const int kv = min(BLOCK_N, Ln - t * BLOCK_N);
-            if (kv == BLOCK_N) {
-                load_tile<BLOCK_N, true>(dst, Kg + off, kv, tid);
-                load_tile<BLOCK_N, true>(dst + TILE_BYTES, Vg + off, kv, tid);
-            } else {
-                load_tile<BLOCK_N, false>(dst, Kg + off, kv, tid);
-                load_tile<BLOCK_N, false>(dst + TILE_BYTES, Vg + off, kv, tid);
+        int T = 0, n = 0;  // tiles and items this block has loaded
+        for (int p = blockIdx.x; p < groups; p += gridDim.x) {
+            const int wend = min(per * p + per, items);
+#pragma unroll 1
+            for (int w = per * p; w < wend; w++, n++) {
+                int bh, mb;
+                work_item(w, nM, cz, bh, mb);
+                const int m0 = mb * BLOCK_M, nt = tiles(m0);
+                const long long kvh = (long long)(bh / Hn) * Hkv + (bh % Hn) / grp;  // key/value head
+                const unsigned short* Kg = k + kvh * L * HD;
+                const unsigned short* Vg = v + kvh * L * HD;
+                if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous item's S products are done
+                // Q's copies complete the full barrier of the item's first tile too.
+                load_tile<BLOCK_M, false>(sQ, q + (long long)bh * L * HD + (long long)m0 * HD, Ln - m0, tid);
+#pragma unroll 1
+                for (int t = 0; t < nt; t++, T++) {
+                    const int st = T % STAGES;
+                    if (T >= STAGES) mbar_wait(sBar + 8 * (STAGES + st), (T / STAGES - 1) & 1);
+                    const unsigned dst = sKV + 2 * st * TILE_BYTES;
+                    const long long off = (long long)t * BLOCK_N * HD;
+                    const int kv = min(BLOCK_N, Ln - t * BLOCK_N);
+                    if (kv == BLOCK_N) {
+                        load_tile<BLOCK_N, true>(dst, Kg + off, kv, tid);
+                        load_tile<BLOCK_N, true>(dst + TILE_BYTES, Vg + off, kv, tid);
+                    } else {
+                        load_tile<BLOCK_N, false>(dst, Kg + off, kv, tid);
+                        load_tile<BLOCK_N, false>(dst + TILE_BYTES, Vg + off, kv, tid);
+                    }
+                    mbar_arrive_cp(sBar + 8 * st);  // arrives once this thread's copies so far have landed
+                }
             }
-            mbar_arrive_cp(sBar + 8 * st);  // arrives once this thread's copies so far have landed
         }
         cp_wait_all();  // nothing of this block in flight when the producer exits
     } else {
-        // ---- consumers: warpgroup c owns query rows m0 + 64c .. m0 + 64c + 63 ----
+        // ---- consumers: warpgroup c owns query rows m0 + 64c .. m0 + 64c + 63 of each item ----
         setmaxnreg_inc<CREG>();
         const int c = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, qd = lane & 3;
-        const int wrow0 = m0 + 64 * c;         // first query row of this warpgroup
-        const int r0 = wrow0 + 16 * warp + g;  // this thread's rows: r0 and r0 + 8
         const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
-#if !QREG
         const unsigned qbase = sQ + Q_WG(c);
-#endif
         float oacc[HDP / 2];
-#pragma unroll
-        for (int i = 0; i < HDP / 2; i++) oacc[i] = 0.f;
         float s[BLOCK_N / 2];
         unsigned pprev[BLOCK_N / 4];
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 4; i++) pprev[i] = 0u;
-        float mrow0 = -INFINITY, mrow1 = -INFINITY, lrow0 = 0.f, lrow1 = 0.f;
-#if QREG
-        // Q as wgmma A fragments, read once from global memory (rows past L are zero): k-step kk
-        // holds (row r0, columns 16kk + 2qd, +1), (r0 + 8, same), (r0, 16kk + 8 + 2qd, +1), (r0 + 8, same).
-        unsigned qa[HD / 4];
-        {
-            const unsigned short* Qg = q + bh * L * HD;
-            const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const int c0 = 16 * kk + 2 * qd;
-                qa[4 * kk] = ok0 ? *(const unsigned*)(Qg + (long long)r0 * HD + c0) : 0u;
-                qa[4 * kk + 1] = ok1 ? *(const unsigned*)(Qg + (long long)(r0 + 8) * HD + c0) : 0u;
-                qa[4 * kk + 2] = ok0 ? *(const unsigned*)(Qg + (long long)r0 * HD + c0 + 8) : 0u;
-                qa[4 * kk + 3] = ok1 ? *(const unsigned*)(Qg + (long long)(r0 + 8) * HD + c0 + 8) : 0u;
-            }
-        }
-#endif
+        float mrow0, mrow1, lrow0, lrow1, al0 = 1.f, al1 = 1.f;
+        int wrow0 = 0, r0 = 0;  // the item's first query row of this warpgroup, this thread's rows r0, r0 + 8
 
-        auto wait_tile = [&](int t) {
-            mbar_wait(sBar + 8 * (t % STAGES), (t / STAGES) & 1);
+        // Tile T (counted over the block's items) has landed in its stage.
+        auto wait_tile = [&](int T) {
+            mbar_wait(sBar + 8 * (T % STAGES), (T / STAGES) & 1);
             fence_proxy_async();
         };
-        // This warp is done with the stage of tile t.
-        auto release = [&](int t) {
-            if (lane == 0) mbar_arrive(sBar + 8 * (STAGES + t % STAGES));
+        // This warp is done with the stage of tile T.
+        auto release = [&](int T) {
+            if (lane == 0) mbar_arrive(sBar + 8 * (STAGES + T % STAGES));
         };
         // Ping-pong: warpgroup c issues its products only on its turn (barrier 1 + c), then hands
         // the turn to the other one (barrier 2 - c). Every issue point of both warpgroups is
-        // matched: nt + 1 each; warpgroup 1 opened the first turn and skips its last hand-over.
+        // matched: nt + 1 each per item; warpgroup 1 opened the first turn and skips its very last
+        // hand-over.
         auto turn_begin = [&]() {
 #if PP
             if (c == 0) nbar_sync<1>(); else nbar_sync<2>();
@@ -375,29 +362,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
             if (c == 0) nbar_arrive<2>(); else if (!last) nbar_arrive<1>();
 #endif
         };
-        auto issue_s = [&](int t) {
-            const unsigned kb = sKV + 2 * (t % STAGES) * TILE_BYTES;
+        auto issue_s = [&](int T) {
+            const unsigned kb = sKV + 2 * (T % STAGES) * TILE_BYTES;
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++)
-#if QREG
-                WGMMA_S_RS(s, qa + 4 * kk, mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
-#else
                 WGMMA_S(s, mdesc(qbase + Q_KSTEP(kk), KM_LBO, KM_SBO), mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
-#endif
             wg_commit();
         };
-        auto issue_pv = [&](int t) {
-            const unsigned vb = sKV + 2 * (t % STAGES) * TILE_BYTES + TILE_BYTES;
+        auto issue_pv = [&](int T) {
+            const unsigned vb = sKV + 2 * (T % STAGES) * TILE_BYTES + TILE_BYTES;
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; kk++) WGMMA_O(oacc, pprev + 4 * kk, mdesc(vb + V_KSTEP(kk), MN_LBO, MN_SBO));
             wg_commit();
         };
-        float al0 = 1.f, al1 = 1.f;
         auto softmax = [&](int t) {
             const int n0 = t * BLOCK_N;
             // s[4c + e]: row r0 + 8 * (e >> 1), key n0 + 8c + 2qd + (e & 1). Keys from lim0 (row r0)
             // and lim1 (row r0 + 8) on are masked: past the diagonal, past L.
-            const bool diag = causal && n0 + BLOCK_N - 1 > wrow0 + 16 * warp;
+            const bool diag = cz && n0 + BLOCK_N - 1 > wrow0 + 16 * warp;
             if (diag || n0 + BLOCK_N > Ln) {
                 const int lim0 = diag ? min(r0 + 1, Ln) : Ln, lim1 = diag ? min(r0 + 9, Ln) : Ln;
 #pragma unroll
@@ -445,62 +427,91 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                 pprev[4 * kk + 3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
             }
         };
+        // The warp's last S product of the item has completed: Q may be overwritten.
+        auto release_q = [&]() {
+            if (lane == 0) mbar_arrive(sQe);
+        };
 
 #if PP
         if (c == 1) nbar_arrive<1>();  // warpgroup 0 takes the first turn
 #endif
-        wait_tile(0);
-        turn_begin();
-        wg_fence();
-        issue_s(0);
-        turn_end(false);
-        wg_wait<0>();
-        pin<BLOCK_N / 2>(s);
-        softmax(0);
-        pack_p();
-        for (int t = 1; t < nt; t++) {
-            wait_tile(t);
-            pin<HDP / 2>(oacc);
-            pin<BLOCK_N / 4>(pprev);
-            turn_begin();
-            wg_fence();
-            issue_s(t);       // S of tile t ...
-            issue_pv(t - 1);  // ... and the PV product of tile t - 1, both in flight
-            turn_end(false);
-            wg_wait<1>();     // S has landed
-            pin<BLOCK_N / 2>(s);
-            softmax(t);
-            wg_wait<0>();     // the PV product of tile t - 1 has landed in oacc
-            pin<HDP / 2>(oacc);
-            release(t - 1);
+        int T0 = 0;  // the block's tiles before this item
+        for (int p = blockIdx.x; p < groups; p += gridDim.x) {
+            const int wend = min(per * p + per, items);
+            const bool last_group = p + (int)gridDim.x >= groups;
+#pragma unroll 1
+            for (int w = per * p; w < wend; w++) {
+                int bh, mb;
+                work_item(w, nM, cz, bh, mb);
+                const int m0 = mb * BLOCK_M, nt = tiles(m0);
+                wrow0 = m0 + 64 * c;
+                r0 = wrow0 + 16 * warp + g;
+                mrow0 = -INFINITY;
+                mrow1 = -INFINITY;
+                lrow0 = 0.f;
+                lrow1 = 0.f;
 #pragma unroll
-            for (int j = 0; j < HDP / 8; j++) {
-                oacc[4 * j] *= al0;
-                oacc[4 * j + 1] *= al0;
-                oacc[4 * j + 2] *= al1;
-                oacc[4 * j + 3] *= al1;
+                for (int i = 0; i < HDP / 2; i++) oacc[i] = 0.f;
+
+                wait_tile(T0);
+                turn_begin();
+                wg_fence();
+                issue_s(T0);
+                turn_end(false);
+                wg_wait<0>();
+                pin<BLOCK_N / 2>(s);
+                if (nt == 1) release_q();
+                softmax(0);
+                pack_p();
+#pragma unroll 1
+                for (int t = 1; t < nt; t++) {
+                    wait_tile(T0 + t);
+                    pin<HDP / 2>(oacc);
+                    pin<BLOCK_N / 4>(pprev);
+                    turn_begin();
+                    wg_fence();
+                    issue_s(T0 + t);       // S of tile t ...
+                    issue_pv(T0 + t - 1);  // ... and the PV product of tile t - 1, both in flight
+                    turn_end(false);
+                    wg_wait<1>();  // S has landed
+                    pin<BLOCK_N / 2>(s);
+                    if (t == nt - 1) release_q();
+                    softmax(t);
+                    wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc
+                    pin<HDP / 2>(oacc);
+                    release(T0 + t - 1);
+#pragma unroll
+                    for (int j = 0; j < HDP / 8; j++) {
+                        oacc[4 * j] *= al0;
+                        oacc[4 * j + 1] *= al0;
+                        oacc[4 * j + 2] *= al1;
+                        oacc[4 * j + 3] *= al1;
+                    }
+                    pack_p();
+                }
+                pin<HDP / 2>(oacc);
+                pin<BLOCK_N / 4>(pprev);
+                turn_begin();
+                wg_fence();
+                issue_pv(T0 + nt - 1);
+                turn_end(last_group && w + 1 == wend);
+                wg_wait<0>();
+                pin<HDP / 2>(oacc);
+                release(T0 + nt - 1);
+                T0 += nt;
+                lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 1);
+                lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 2);
+                lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
+                lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 2);
+                const float i0 = 1.f / lrow0, i1 = 1.f / lrow1;
+                unsigned short* Og = o + (long long)bh * L * HD;
+                const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
+#pragma unroll
+                for (int j = 0; j < HD / 8; j++) {
+                    if (ok0) *(unsigned*)(Og + (long long)r0 * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
+                    if (ok1) *(unsigned*)(Og + (long long)(r0 + 8) * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
+                }
             }
-            pack_p();
-        }
-        pin<HDP / 2>(oacc);
-        pin<BLOCK_N / 4>(pprev);
-        turn_begin();
-        wg_fence();
-        issue_pv(nt - 1);
-        turn_end(true);
-        wg_wait<0>();
-        pin<HDP / 2>(oacc);
-        lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 1);
-        lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 2);
-        lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
-        lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 2);
-        const float i0 = 1.f / lrow0, i1 = 1.f / lrow1;
-        unsigned short* Og = o + bh * L * HD;
-        const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-            if (ok0) *(unsigned*)(Og + (long long)r0 * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
-            if (ok1) *(unsigned*)(Og + (long long)(r0 + 8) * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
         }
     }
 }
