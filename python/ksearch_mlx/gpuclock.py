@@ -9,16 +9,21 @@ kernel that leaves the GPU half idle. So the judge times a batch like this:
 
 1. A **gate** kernel (one thread) is queued first. It spins until a flag in pinned host memory
    holds this sample's sequence number, then writes the GPU's ``%globaltimer`` (ns) and exits.
-2. The batch's calls are queued behind it, each made to depend on the previous call's outputs
+2. Optional **lead** work follows it: the judge's cache flush (a write of a buffer well past
+   the L2). It keeps the GPU busy up to the first call, as the kernels before it in a model's
+   stream do: on the H200 the first call straight after the gate (a GPU that sat idle while
+   the host queued the sample) ran up to ~15% slower than the same call behind other work.
+3. A **stamp** kernel writes ``%globaltimer``: the sample's start.
+4. The batch's calls are queued behind it, each made to depend on the previous call's outputs
    (``mx.depends``), so that MLX encodes them in order; with ``MLX_USE_CUDA_GRAPHS=0`` (the
    worker sets it) every launch goes straight to MLX's one stream, which runs them one after
    the other.
-3. A **stamp** kernel, depending on the last call's outputs, writes ``%globaltimer`` again.
-4. Only when everything is queued does the host set the flag: the GPU then runs the calls back
-   to back, with no host work between them.
+5. A second stamp, depending on the last call's outputs, writes ``%globaltimer`` again.
+6. Only when everything is queued does the host set the flag: the GPU then runs the lead and
+   the calls back to back, with no host work between them.
 
-A call's time is ``(stamp - gate release - empty bracket) / calls``, where the empty bracket
-(the gate followed at once by the stamp: one launch gap; the least of 7) is measured when the
+A call's time is ``(second stamp - first stamp - empty bracket) / calls``, where the empty
+bracket (the two stamps back to back: one launch gap; the least of 7) is measured when the
 clock is made. The clock then checks itself: calls that each spin a known time on the GPU
 clock must measure at least that each, else there is no clock (and the judge uses the host's).
 It is each kernel's run plus one launch gap, as on a stream a model fills. The gate gives up
@@ -160,7 +165,7 @@ class GpuClock:
         gate = self._gate(self._seq)
         mx.eval(gate, self._stamp([gate]))
         mx.synchronize()
-        # The empty bracket: a gate followed at once by a stamp. Its least time is subtracted
+        # The empty bracket: the two stamps back to back. Its least time is subtracted
         # from every sample, so a sample is never made shorter than its calls took.
         self.empty_ns = min(self._bracket([])[0] for _ in range(7))
         self._self_check()
@@ -221,10 +226,11 @@ class GpuClock:
         )
         return t
 
-    def _bracket(self, calls: list[Callable[[list], list]]) -> tuple[float, list]:
-        """Run `calls` between a gate and a stamp; (GPU ns from release to stamp, what the
-        calls returned). Each call takes the arrays the previous one must come after and
-        returns (its result, the arrays the next must come after)."""
+    def _bracket(self, calls: list[Callable[[list], list]], lead: Optional[Callable[[list], list]] = None) -> tuple[float, list]:
+        """Run `lead` (if any) behind a gate, then `calls` between two stamps; (GPU ns from the
+        first stamp to the second, what the calls returned). Each call takes the arrays the
+        previous one must come after and returns (its result, the arrays the next must come
+        after); `lead` takes the gate's and returns what the first stamp must come after."""
         mx = self.mx
         self._seq = (self._seq + 1) & 0x7FFFFFFF or 1
         seq = self._seq
@@ -234,11 +240,15 @@ class GpuClock:
         results = []
         queued = False
         try:
+            if lead is not None:
+                prev = lead(prev)
+            first = self._stamp(prev)
+            prev = [first]
             for c in calls:
                 r, prev = c(prev)
                 results.append(r)
             stamp = self._stamp(prev)
-            mx.async_eval(gate, stamp)
+            mx.async_eval(gate, first, stamp)
             queued = True
         finally:
             # Release the gate even when queueing failed half-way (it may be spinning already).
@@ -248,24 +258,30 @@ class GpuClock:
                     mx.synchronize()
                 except Exception:
                     pass
-        mx.eval(gate, stamp)
+        mx.eval(gate, first, stamp)
         mx.synchronize()
         wall_ns = (time.perf_counter() - started) * 1e9
         g = gate.tolist()
         s = int(stamp.tolist()[0])
         if int(g[1]) != 0:
             raise ClockError(f"the gate gave up after {GATE_LIMIT_NS / 1e9:.0f} s (queueing the calls took that long)")
-        ns = s - int(g[0])
+        ns = s - int(first.tolist()[0])
         if ns < 0 or ns > wall_ns:
             raise ClockError(f"GPU clock span {ns} ns outside [0, {wall_ns:.0f}] ns of host wall time")
         return float(ns), results
 
-    def time_calls(self, calls: list[Callable[[dict], Any]], views: list[dict]) -> tuple[float, list]:
-        """Run ``calls[i](views[i])`` in order between a gate and a stamp; (seconds per call on
-        the GPU clock, the calls' results). A result is ``{name: array}`` or ``(outputs,
-        tails)``; each call's inputs are made to depend on the previous call's arrays. Every
-        kernel the calls launch must have run before (compiled and loaded): a module loaded
-        behind the gate waits for it, and the gate gives up (``ClockError``)."""
+    def time_calls(
+        self, calls: list[Callable[[dict], Any]], views: list[dict], lead: Optional[Callable[[list], list]] = None
+    ) -> tuple[float, list]:
+        """Run ``calls[i](views[i])`` in order between two stamps behind a gate; (seconds per
+        call on the GPU clock, the calls' results). A result is ``{name: array}`` or
+        ``(outputs, tails)``; each call's inputs are made to depend on the previous call's
+        arrays. ``lead``, when given, is GPU work queued between the gate and the first stamp
+        (the judge's cache flush: it also keeps the GPU busy up to the first call, as a model's
+        stream does; a first call straight after the gate, on a GPU idle while the host queued
+        the sample, ran up to ~15% slower on the H200). Every kernel the calls launch must have
+        run before (compiled and loaded): a module loaded behind the gate waits for it, and the
+        gate gives up (``ClockError``)."""
         mx = self.mx
 
         def chained(call: Callable[[dict], Any], v: dict) -> Callable[[list], tuple[Any, list]]:
@@ -278,6 +294,6 @@ class GpuClock:
 
             return run
 
-        ns, results = self._bracket([chained(c, v) for c, v in zip(calls, views)])
+        ns, results = self._bracket([chained(c, v) for c, v in zip(calls, views)], lead)
         per_call = max(0.0, ns - self.empty_ns) / max(1, len(calls))
         return per_call * 1e-9, results

@@ -216,6 +216,10 @@ class Judge:
     timing: dict
     peaks: Peaks
     flush: Optional[Callable[[], None]] = None
+    # The same flush queued as GPU work (takes the arrays it must come after, returns what must
+    # come after it): with the GPU clock it runs inside each sample, between the gate and the
+    # first stamp (gpuclock.py), instead of on the host before it.
+    flush_lead: Optional[Callable[[list], list]] = None
     check_only: bool = False
     strict: bool = True
     rng: random.Random = field(default_factory=lambda: random.Random(int.from_bytes(os.urandom(16), "little")))
@@ -350,6 +354,10 @@ class Judge:
         spent = 0.0
         turn = 0
 
+        # With the GPU clock the flush runs on the GPU inside each sample, right before its calls.
+        flushing = self.flush is not None and self.timing.get("flush", True)
+        lead = self.flush_lead if flushing and self.clock is not None else None
+
         def plan_batch() -> list:
             nonlocal turn
             plan = []
@@ -367,10 +375,14 @@ class Judge:
             try:
                 if self.clock is not None:
                     try:
-                        per_call, results = self.clock.time_calls([lambda v: call(v, None)] * len(plan), [v for _, _, v in plan])
+                        per_call, results = self.clock.time_calls(
+                            [lambda v: call(v, None)] * len(plan), [v for _, _, v in plan], lead=lead
+                        )
                     except ClockError as e:
                         self._drop_clock(w, e)
                         samples.clear()
+                        if lead is not None:
+                            self.flush()  # this sample's flush was to be its lead
                 if per_call is None:
                     t = time.perf_counter()
                     results = [call(v, None) for _, _, v in plan]
@@ -388,7 +400,7 @@ class Judge:
         run_batch(plan_batch())
         while len(samples) < max_reps:
             plan = plan_batch()
-            if self.flush is not None and self.timing.get("flush", True):
+            if flushing and (lead is None or self.clock is None):
                 self.flush()
             keep = spot[1] if len(samples) == spot[0] else -1
             t_sample = time.perf_counter()

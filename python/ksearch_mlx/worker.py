@@ -161,7 +161,8 @@ class Worker:
 
             self._clock, why = GpuClock.create()
             self.clock_note = (
-                f"GPU clock (gate and stamp on MLX's stream, empty bracket {self._clock.empty_ns / 1e3:.1f} us; "
+                f"GPU clock (a gate, the cache flush, then stamps around the calls on MLX's stream, empty bracket "
+                f"{self._clock.empty_ns / 1e3:.1f} us; "
                 f"self-check: {gpuclock.CHECK_CALLS} calls of {gpuclock.CHECK_NS / 1e3:.0f} us measured "
                 f"{self._clock.check_us:.1f} us each)"
                 if self._clock is not None
@@ -225,6 +226,14 @@ class Worker:
             mx.eval(self._flush_src)
         mx.eval(self._flush_src + 1.0)
         mx.synchronize()
+
+    def flush_lead(self, after: list) -> list:
+        """The flush as GPU work queued behind `after` (a GPU-clock sample's lead: gpuclock.py)."""
+        mx = self.mx
+        if self._flush_src is None:
+            self.flush()
+        src = mx.depends([self._flush_src], after)[0]
+        return [src + 1.0]
 
     def peaks(self) -> Any:
         """What this device states for the floor rule: the measured copy bandwidth over
@@ -338,6 +347,7 @@ class Worker:
             timing=req.get("timing") or {},
             peaks=self.peaks(),
             flush=self.flush,
+            flush_lead=self.flush_lead,
             check_only=bool(req.get("check_only", False)),
             on_first=first,
             clock=self._clock,
@@ -404,6 +414,7 @@ class Worker:
             timing=req.get("timing") or {},
             peaks=self.peaks(),
             flush=self.flush,
+            flush_lead=self.flush_lead,
             check_only=bool(req.get("check_only", False)),
             strict=False,
             on_first=lambda s: reply.__setitem__("kernel_s", reply["kernel_s"] + s),

@@ -61,6 +61,7 @@ def _cuda():
 # In a fresh process (MLX reads MLX_USE_CUDA_GRAPHS once): a clock, its self-check, and eight
 # calls that each spin SPIN_NS on the GPU clock, timed on it.
 SPIN_NS = 20_000
+LEAD_NS = 400_000
 PROBE = f"""
 import json, os
 import mlx.core as mx
@@ -80,6 +81,16 @@ if clock is not None:
     mx.eval(call(xs[0])["y"])
     per_call, results = clock.time_calls([call] * 8, xs)
     out.update(per_call=per_call, ys=[float(r["y"][0].item()) for r in results], empty_ns=clock.empty_ns, check_us=clock.check_us)
+    # A lead of LEAD_NS between the gate and the first stamp is not part of the calls' time.
+    lead_k = mx.fast.cuda_kernel(name="ks_test_lead", input_names=["x"], output_names=["y"], source=gpuclock.CHECK_BODY.replace(
+        str(gpuclock.CHECK_NS), "{LEAD_NS}"))
+
+    def lead(after):
+        x = mx.depends([xs[0]["x"]], after)[0]
+        return [lead_k(inputs=[x], grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(4,)], output_dtypes=[mx.float32])[0]]
+
+    mx.eval(lead([])[0])
+    out["per_call_lead"] = clock.time_calls([call] * 8, xs, lead=lead)[0]
 print(json.dumps(out))
 """
 
@@ -97,3 +108,5 @@ def test_calls_on_the_gpu_clock_run_one_after_the_other():
     # Every call ran, on its own input.
     assert out["ys"] == [float(i) + 1 for i in range(8)], out
     assert out["empty_ns"] >= 0, out
+    # Counted, the lead would add LEAD_NS / 8 = 50 us to each call's ~20 us.
+    assert SPIN_NS * 1e-9 <= out["per_call_lead"] < (SPIN_NS + LEAD_NS / 16) * 1e-9, out

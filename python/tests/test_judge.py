@@ -288,12 +288,15 @@ class StandInClock:
     seconds for each sample; from sample `fail_at` on it raises the GPU clock's error."""
 
     def __init__(self, per_call, fail_at=None):
-        self.per_call, self.fail_at, self.samples = per_call, fail_at, 0
+        self.per_call, self.fail_at, self.samples, self.leads = per_call, fail_at, 0, 0
 
-    def time_calls(self, calls, views):
+    def time_calls(self, calls, views, lead=None):
         self.samples += 1
         if self.fail_at is not None and self.samples >= self.fail_at:
             raise judge.ClockError("the gate gave up")
+        if lead is not None:
+            self.leads += 1
+            mx.eval(lead([]))
         results = [c(v) for c, v in zip(calls, views)]
         mx.eval([a for r in results for a in (r[0] if isinstance(r, tuple) else r).values()])
         return self.per_call, results
@@ -324,3 +327,41 @@ def test_a_clock_that_fails_at_the_probe_leaves_the_host_clock():
     res, j = run(Recorder(), clock=StandInClock(1.0, fail_at=1))
     assert res["failure"] is None and res["timing"]["median_us"] < 1e5
     assert any("host clock" in r for r in j.raw) and j.clock is None
+
+
+class Flushes:
+    """Counts the host flushes and the flushes queued as a GPU-clock sample's lead."""
+
+    def __init__(self):
+        self.host = self.lead = 0
+
+    def flush(self):
+        self.host += 1
+
+    def flush_lead(self, after):
+        self.lead += 1
+        return [mx.zeros((4,)) + 1.0]
+
+
+def test_with_the_clock_the_flush_runs_inside_each_sample_not_on_the_host():
+    f, clock = Flushes(), StandInClock(42e-6)
+    res, j = run(Recorder(), clock=clock, flush=f.flush, flush_lead=f.flush_lead)
+    assert res["failure"] is None, res["failure"]
+    reps = res["timing"]["reps"]
+    # One lead per timed sample (the probe has none), and no host flush between samples.
+    assert f.lead >= reps and clock.leads == f.lead and f.host == 0, (f.lead, f.host, reps)
+
+
+def test_without_the_clock_or_after_it_failed_the_host_flushes():
+    f = Flushes()
+    res, _ = run(Recorder(), flush=f.flush, flush_lead=f.flush_lead)
+    assert f.lead == 0 and f.host >= res["timing"]["reps"], (f.lead, f.host)
+    f = Flushes()
+    res, j = run(Recorder(), clock=StandInClock(1.0, fail_at=4), flush=f.flush, flush_lead=f.flush_lead)
+    assert j.clock is None and f.host >= res["timing"]["reps"] and res["timing"]["median_us"] < 1e5, (f.host, res["timing"])
+
+
+def test_with_flush_off_there_is_no_lead():
+    f, clock = Flushes(), StandInClock(42e-6)
+    res, _ = run(Recorder(), clock=clock, flush=f.flush, flush_lead=f.flush_lead, timing={**TIMING, "flush": False})
+    assert res["failure"] is None and f.lead == 0 and f.host == 0 and clock.leads == 0
