@@ -14,6 +14,7 @@ the cause; where `plain` is slow too, the launch through mx.fast.precompiled_cud
 
 On the GPU machine, MLX staged (bench/mlx_gpu.sh's header):
     PYTHONPATH=python python3 bench/mlx_att_inputs.py [--shape 4,32,8,2048,128,0] [--reps 15]
+        [--variants "default;CTAS=1048576"]
 """
 
 import argparse
@@ -56,6 +57,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="4,32,8,2048,128,0", help="B,H,Hkv,L,D,causal (D = 128: the kernel's default build)")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--variants", default="default",
+                    help='";"-separated tunable settings of the kernel, e.g. "default;CTAS=1048576"')
     a = ap.parse_args()
     B, H, Hkv, L, D, causal = (int(x) for x in a.shape.split(","))
     clock, why = gpuclock.GpuClock.create()
@@ -63,7 +66,11 @@ def main() -> int:
         print(f"no GPU clock: {why}")
         return 1
     task, k, source = load()
-    cc = rt.CompiledCandidate(candidate(k, source, {}), task, "mlx-cuda")
+    variants = {}
+    for var in a.variants.split(";"):
+        defs = {} if var.strip() in ("", "default") else {
+            n.strip(): int(x) for n, x in (kv.split("=") for kv in var.split(","))}
+        variants[var.strip() or "default"] = rt.CompiledCandidate(candidate(k, source, defs), task, "mlx-cuda")
     case = Case(B, H, Hkv, L, D)
     axes = case.axes(causal)
     flush_src = mx.zeros(((256 << 20) // 4,), mx.float32)
@@ -72,7 +79,8 @@ def main() -> int:
     plain = {"q": case.q, "k": case.k, "v": case.v}
     kinds = {"plain": lambda: plain, **{n: (lambda al=al: windows(plain, al, rng)) for n, al in ALIGN.items()}}
     fns = {
-        os.environ["KS_ATT_KERNEL"]: lambda v: {"o": cc(v, axes)["o"]},
+        **{f"{os.environ['KS_ATT_KERNEL']} {var}": (lambda v, cc=cc: {"o": cc(v, axes)["o"]})
+           for var, cc in variants.items()},
         "MLX SDPA": lambda v: {"o": mx.fast.scaled_dot_product_attention(
             v["q"], v["k"], v["v"], scale=case.scale, mask="causal" if causal else None)},
     }
@@ -87,7 +95,7 @@ def main() -> int:
                 mx.synchronize()
                 per_call, _ = clock.time_calls([fn], [v])
                 ts.append(per_call * 1e6)
-            print(f"{fname:<12} {kind:<8} {statistics.median(ts):9.1f}  (min {min(ts):.1f})", flush=True)
+            print(f"{fname:<24} {kind:<8} {statistics.median(ts):9.1f}  (min {min(ts):.1f})", flush=True)
     return 0
 
 
