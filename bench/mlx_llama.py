@@ -18,7 +18,10 @@ bench/mlx_attention.py builds it.
 Measured, one process, stock and patched interleaved per repetition (the patch is toggled on the
 class):
 - attention alone at the model's per-layer shape (B = 1, H, Hkv, L, D, causal; q/k/v laid out as the
-  model's [B, L, H, D] transposed), kernel against mx.fast.scaled_dot_product_attention for a few L,
+  model's [B, L, H, D] transposed; each path up to o_proj's input, so a kernel that needs q and o
+  copied pays for it; the kernel's QO_LHD build, which reads and writes mlx-lm's order, where its
+  source has the switch, KS_LLAMA_LHD=0 to keep the [B, H, L, D] build), kernel against
+  mx.fast.scaled_dot_product_attention for a few L,
   median of --reps; "suggested min_len": the shortest L from which the kernel won at every longer
   L measured (none: keep stock);
 - prefill tok/s at L = 2048 and 4096: the backbone over the prompt with a fresh KV cache, then the
@@ -119,6 +122,21 @@ def kernel_attention():
             built[key] = rt.CompiledCandidate(ma.candidate(k, source, d), task, "mlx-cuda")
         return built[key]({"q": q, "k": kk, "v": v}, axes)["o"]
 
+    def lhd(q, kk, v, causal=0):
+        # q and o in mlx-lm's [B, L, H, D] order: the build with QO_LHD=1 (the kernel's switch),
+        # the arrays handed over reshaped to the task's [B, H, L, D] (no copy).
+        B, L, H, D = q.shape
+        axes = {"B": B, "H": H, "Hkv": kk.shape[1], "L": L, "D": D, "causal": int(causal)}
+        d = defines_for(axes)
+        if d is None:
+            raise ValueError(f"no build of the kernel admits {axes}")
+        key = ("lhd", d["HD"])
+        if key not in built:
+            built[key] = rt.CompiledCandidate(ma.candidate(k, source, {**d, "QO_LHD": 1}), task, "mlx-cuda")
+        return built[key]({"q": q.reshape(B, H, L, D), "k": kk, "v": v}, axes)["o"].reshape(B, L, H, D)
+
+    if "QO_LHD" in source and os.environ.get("KS_LLAMA_LHD", "1") != "0":
+        attention.lhd = lhd
     return attention, admits
 
 
@@ -196,8 +214,14 @@ def bench_attention(attention, admits, cfg, lens, reps):
         k = mx.random.normal((1, L, Hkv, D), key=kk).astype(mx.float16).transpose(0, 2, 1, 3)
         v = mx.random.normal((1, L, Hkv, D), key=kv).astype(mx.float16).transpose(0, 2, 1, 3)
         mx.eval(q, k, v)
-        kern = lambda: attention(q, k, v, causal=1)  # noqa: E731
-        sdpa = lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5, mask="causal")  # noqa: E731
+        # Each up to o_proj's input [B, L, H * D], as the patched layer runs it.
+        lhd = getattr(attention, "lhd", None)
+        if lhd is not None:
+            kern = lambda: lhd(q.transpose(0, 2, 1, 3), k, v, causal=1).reshape(1, L, -1)  # noqa: E731
+        else:
+            kern = lambda: attention(q, k, v, causal=1).transpose(0, 2, 1, 3).reshape(1, L, -1)  # noqa: E731
+        sdpa = lambda: mx.fast.scaled_dot_product_attention(  # noqa: E731
+            q, k, v, scale=D ** -0.5, mask="causal").transpose(0, 2, 1, 3).reshape(1, L, -1)
         for _ in range(2):
             mx.eval(kern(), sdpa())
         tk, ts = [], []

@@ -38,11 +38,13 @@ LLAMA_MARGIN = 0.95
 
 
 def _llama_module_defaults():
-    """(attention, admits, dtypes) of the exported module this file was appended to, or Nones."""
+    """(attention, admits, dtypes, lhd) of the exported module this file was appended to, or
+    Nones. `lhd` where the kernel's source has QO_LHD (q and o in [B, L, H, D] storage)."""
     g = globals()
     if g.get("CANDIDATE") is None or (g.get("TASK") or {}).get("name") != "attention":
-        return None, None, None
+        return None, None, None, None
     cand = g["CANDIDATE"]
+    lhd = _LlamaLhdBuilds(cand, g["TASK"], g["BACKEND"]) if "QO_LHD" in (cand.get("source") or "") else None
 
     def admits(axes):
         try:
@@ -52,7 +54,29 @@ def _llama_module_defaults():
         return True
 
     dtypes = (g["expected_dtypes"](g["TASK"], g["BACKEND"])["q"],)
-    return g["attention"], admits, dtypes
+    return g["attention"], admits, dtypes, lhd
+
+
+class _LlamaLhdBuilds:
+    """The exported kernel built with QO_LHD=1 (one build per shape class, as the module's own):
+    (q [B, L, H, D], k, v [B, Hkv, L, D], causal) -> o [B, L, H, D]. The task's q and o are
+    [B, H, L, D]; these builds read and write them in [B, L, H, D] storage, so the arrays are
+    handed over reshaped (row-major order kept: no copy)."""
+
+    def __init__(self, cand, task, backend):
+        self.cand, self.task, self.backend = cand, task, backend
+        self.compiled = {}
+
+    def __call__(self, q, k, v, causal=0):
+        B, L, H, D = q.shape
+        axes = {"B": B, "H": H, "Hkv": k.shape[1], "L": L, "D": D, "causal": int(causal)}
+        d = dict(globals()["_tail_build_for"](self.cand, axes))
+        d["QO_LHD"] = 1
+        key = tuple(sorted(d.items()))
+        if key not in self.compiled:
+            self.compiled[key] = globals()["CompiledCandidate"]({**self.cand, "defines": d}, self.task, self.backend)
+        o = self.compiled[key]({"q": q.reshape(B, H, L, D), "k": k, "v": v}, axes)["o"]
+        return o.reshape(B, L, H, D)
 
 
 def _llama_time(label, fn, reps):
@@ -78,7 +102,7 @@ def _llama_shape_class(axes, dtype):
     return (axes["B"], axes["H"], axes["Hkv"], 1 << max(L - 1, 1).bit_length(), axes["D"], axes["causal"], str(dtype))
 
 
-def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured"):
+def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -108,14 +132,26 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     outside has chosen. "always" runs the kernel wherever it is admitted.
     Returns `unpatch()`, which restores the method found; `unpatch.stats` counts the calls per
     path ({"kernel": n, "stock": n}), `unpatch.reasons` the stock calls per reason above,
-    `unpatch.choices` the measured choices ({shape class: (kernel s, stock s, kernel chosen)})."""
-    d_attention, d_admits, d_dtypes = _llama_module_defaults()
+    `unpatch.choices` the measured choices ({shape class: (kernel s, stock s, kernel chosen)}).
+    `lhd`: the same attention with q and o in mlx-lm's own [B, L, H, D] order,
+    `(q [B, L, H, D], k, v, causal) -> o [B, L, H, D]` (default: `attention.lhd` if it has one; in
+    an exported module, the kernel built with QO_LHD=1 where its source has that switch). It runs
+    instead of `attention` where given: mlx-lm's RoPE leaves q in that storage and o_proj reads o
+    that way, so neither is copied (`attention` makes q contiguous in [B, H, L, D] and o is
+    transposed back: two copies of a query-sized array per call)."""
+    d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
     if attention is None:
         attention = d_attention
         if admits is None:
             admits = d_admits
         if dtypes is None:
             dtypes = d_dtypes
+        if lhd is None:
+            lhd = d_lhd
+    if lhd is None:
+        lhd = getattr(attention, "lhd", None)
+    if lhd is not None and not callable(lhd):
+        raise TypeError("patch_mlx_lm_llama: lhd must be callable")
     if attention is None:
         raise ValueError("patch_mlx_lm_llama: give attention= (a callable (q, k, v, causal) -> o)")
     if not callable(attention):
@@ -200,14 +236,25 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         def sdpa():
             return _llama.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
 
+        # Each path up to o_proj's input [B, L, H * D], as the layer runs it (what is timed).
+        def stock_out():
+            return sdpa().transpose(0, 2, 1, 3).reshape(B, L, -1)
+
+        def kernel_out():
+            if lhd is not None:
+                o = lhd(queries.transpose(0, 2, 1, 3), keys, values, causal=causal).reshape(B, L, -1)
+            else:
+                o = attention(queries, keys, values, causal=causal).transpose(0, 2, 1, 3).reshape(B, L, -1)
+            return o if o.dtype == queries.dtype else o.astype(queries.dtype)
+
         if reason is None and choose == "measured":
             if key not in choices:
                 try:
                     mx.eval(queries, keys, values)
                     tk, ts = [], []
                     for _ in range(LLAMA_TIMING_ROUNDS):
-                        tk.append(_llama_time("kernel", lambda: attention(queries, keys, values, causal=causal), LLAMA_TIMING_REPS))
-                        ts.append(_llama_time("stock", sdpa, LLAMA_TIMING_REPS))
+                        tk.append(_llama_time("kernel", kernel_out, LLAMA_TIMING_REPS))
+                        ts.append(_llama_time("stock", stock_out, LLAMA_TIMING_REPS))
                     t_kernel, t_stock = sorted(tk)[len(tk) // 2], sorted(ts)[len(ts) // 2]
                     choices[key] = (t_kernel, t_stock, t_kernel < LLAMA_MARGIN * t_stock)
                 except Exception:  # a tracer (mx.compile, grad): nothing can be timed in here
@@ -217,14 +264,11 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
                 reason = "slower"
         if reason is None:
             stats["kernel"] += 1
-            output = attention(queries, keys, values, causal=causal)
-            if output.dtype != queries.dtype:
-                output = output.astype(queries.dtype)
+            output = kernel_out()
         else:
             stats["stock"] += 1
             reasons[reason] = reasons.get(reason, 0) + 1
-            output = sdpa()
-        output = output.transpose(0, 2, 1, 3).reshape(B, L, -1)
+            output = stock_out()
         return self.o_proj(output)
 
     __call__._ksearch_stock = stock
@@ -238,6 +282,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.stats = stats
     unpatch.reasons = reasons
     unpatch.min_len = min_len
+    unpatch.lhd = lhd is not None
     unpatch.choices = choices
     unpatch.admitted = admitted
     return unpatch

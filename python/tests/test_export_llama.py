@@ -67,6 +67,31 @@ def standin(calls):
     return attention
 
 
+def standin_lhd(calls):
+    """The stand-in with q and o in [B, L, H, D] (the patch's `lhd`): q [B, L, H, D] in, o
+    [B, L, H, D] out; records the shapes it was given."""
+    inner = standin([])
+
+    def lhd(q, k, v, causal=0):
+        calls.append({"q": q.shape, "k": k.shape, "causal": int(causal), "dtype": q.dtype})
+        return inner(q.transpose(0, 2, 1, 3), k, v, causal).transpose(0, 2, 1, 3)
+
+    return lhd
+
+
+def lhd_storage(inner):
+    """A stand-in for the kernel built with QO_LHD=1, as KERNEL's compiled builds are called: q
+    and o declared [B, H, L, D] but stored [B, L, H, D] (row-major order of the storage)."""
+
+    def kernel(inputs, axes):
+        B, H, L, D = inputs["q"].shape
+        q = inputs["q"].reshape(B, L, H, D).transpose(0, 2, 1, 3)
+        o = inner(q, inputs["k"], inputs["v"], axes["causal"])
+        return {"o": o.transpose(0, 2, 1, 3).reshape(B, H, L, D)}
+
+    return kernel
+
+
 def prefill_and_decode(m, ids, steps, chunk=None):
     """Logits of the prompt (one call, or chunks of `chunk` tokens) and of `steps` greedy decode
     tokens, through a KV cache."""
@@ -341,3 +366,52 @@ def test_a_kernel_only_marginally_faster_keeps_stock(monkeypatch):
     mx.eval(m(mx.random.randint(0, 101, (1, 24))))
     unpatch()
     assert unpatch.stats == {"kernel": 0, "stock": 2} and unpatch.reasons == {"slower": 2}
+
+
+@pytest.mark.parametrize("via", ["argument", "attribute"])
+def test_an_lhd_kernel_reads_q_and_writes_o_in_mlx_lms_order(via):
+    m = tiny_llama(mx.float16)
+    ids = mx.random.randint(0, 101, (2, 24))
+    ref = prefill_and_decode(m, ids, 2)
+    calls, lhd_calls = [], []
+    attention, lhd = standin(calls), standin_lhd(lhd_calls)
+    if via == "argument":
+        unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=8, choose="always", lhd=lhd)
+    else:
+        attention.lhd = lhd
+        unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=8, choose="always")
+    for i, (a, b) in enumerate(zip(prefill_and_decode(m, ids, 2), ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"call {i}")
+    # Both layers' prefill through `lhd`, q in [B, L, H, D]; `attention` never called.
+    assert unpatch.lhd and unpatch.stats == {"kernel": 2, "stock": 4}, unpatch.stats
+    assert [c["q"] for c in lhd_calls] == [(2, 24, 4, 32)] * 2 and [c["k"] for c in lhd_calls] == [(2, 2, 24, 32)] * 2
+    assert calls == []
+    with pytest.raises(TypeError):
+        export_llama.patch_mlx_lm_llama(attention, lhd=3)
+
+
+def test_exported_module_uses_its_qo_lhd_build_where_its_source_has_one():
+    cand = {"lang": "mlx_cuda", "source": "#ifndef QO_LHD\n#define QO_LHD 0\n#endif", "launches": [], "scratch": [],
+            "options": {}, "defines": {"HD": 64}, "builds": [], "constraints": ["HD == D", "H % Hkv == 0"]}
+    mod = load_exported_attention(cand)
+    built = []
+
+    class Compiled:  # stands in for the runtime's CompiledCandidate of the QO_LHD build
+        def __init__(self, candidate, task, backend):
+            built.append(dict(candidate["defines"]))
+            self.run = lhd_storage(standin([]))
+
+        def __call__(self, inputs, axes):
+            return self.run(inputs, axes)
+
+    mod.CompiledCandidate = Compiled
+    mod.KERNEL = lambda inputs, axes: pytest.fail("the [B, H, L, D] build ran")
+    m = tiny_llama(mx.float16, head_dim=64)
+    ids = mx.random.randint(0, 101, (1, 16))
+    ref = prefill_and_decode(m, ids, 2)
+    unpatch = mod.patch_mlx_lm_llama(min_len=4, choose="always")
+    for a, b in zip(prefill_and_decode(m, ids, 2), ref):
+        assert_close(a, b, TOL[mx.float16], "exported QO_LHD build")
+    unpatch()
+    assert unpatch.lhd and unpatch.stats == {"kernel": 2, "stock": 4}
+    assert built == [{"HD": 64, "QO_LHD": 1}]  # one build for the shape class, with the switch

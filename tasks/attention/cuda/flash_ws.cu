@@ -29,6 +29,10 @@
 // SXM; a value above the items gives one item per block, the launch of the kernel before it was
 // persistent); PREG / CREG (registers of producer / consumers) are fixed (48 / 224: no spills at
 // any tunable; ptxas allocates each role's branch within its setmaxnreg).
+// QO_LHD=1 (not a tunable: it moves the task's q and o): q and o in [B, L, H, D] storage (element
+// (b, h, l, d) at ((b L + l) H + h) D + d), k and v as always; for a caller that holds them so,
+// such as mlx-lm, whose RoPE leaves q in [B, L, H, D] and whose o_proj reads o that way
+// (python/ksearch_mlx/export_llama.py).
 // Measured on the H200 (2026-12-04, bench/cuda_dev.py, CUDA events, L2 flushed, every element
 // checked; cuDNN SDPA in the same process; bench/h200-2026-12-04-persistent-attention.txt),
 // defaults, with the non-persistent version of the same morning (one block per item, grid
@@ -53,6 +57,9 @@
 #endif
 #ifndef PP
 #define PP 1
+#endif
+#ifndef QO_LHD
+#define QO_LHD 0
 #endif
 #ifndef PREG
 #define PREG 48
@@ -161,7 +168,8 @@ template <int ROWS> __device__ __forceinline__ unsigned chunk_off(int r, int j) 
     return (j >> 3) * (ROWS * 128) + r * 128 + (((j & 7) ^ (r & 7)) << 4);
 }
 
-// Copy a ROWS x HD tile (global row stride HD) into the layout above with 16-byte cp.async by the
+// Copy a ROWS x HD tile (global row stride `gs` elements: HD, or H * HD for Q in [B, L, H, D]
+// storage) into the layout above with 16-byte cp.async by the
 // PT producer threads; rows from `valid` on are zero-filled (nothing past them is read). FULL:
 // every row is valid (the plain copy). A thread keeps one chunk column j = tid % (HDP / 8) (idle
 // when j >= HD / 8: HD = 96) and every RPI-th row, so its shared and global addresses are a base
@@ -169,20 +177,20 @@ template <int ROWS> __device__ __forceinline__ unsigned chunk_off(int r, int j) 
 #define CPT (HDP / 8)
 #define RPI (PT / CPT)
 template <int ROWS, bool FULL>
-__device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* src, int valid, int tid) {
+__device__ __forceinline__ void load_tile(unsigned dst, const unsigned short* src, int valid, int tid, long long gs = HD) {
     static_assert(ROWS % RPI == 0 && RPI % 8 == 0, "rows must divide evenly over the producer threads");
     const int row0 = tid / CPT, j = tid % CPT;
     if (HD % 64 != 0 && j >= HD / 8) return;
     const unsigned sd = dst + chunk_off<ROWS>(row0, j);
-    const unsigned short* g = src + (long long)row0 * HD + j * 8;
+    const unsigned short* g = src + row0 * gs + j * 8;
 #pragma unroll
     for (int i = 0; i < ROWS / RPI; i++) {
         if (FULL) {
-            cp16(sd + i * RPI * 128, g + i * RPI * HD);
+            cp16(sd + i * RPI * 128, g + i * RPI * gs);
         } else {
             // src-size 0 past `valid`: zero-filled, nothing read (the address is not selected, so it
             // stays a base plus a constant offset).
-            cp16z(sd + i * RPI * 128, g + i * RPI * HD, row0 + i * RPI < valid ? 16 : 0);
+            cp16z(sd + i * RPI * 128, g + i * RPI * gs, row0 + i * RPI < valid ? 16 : 0);
         }
     }
 }
@@ -249,6 +257,13 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 // and strides over the pairs by gridDim.x: with one block per SM it is persistent, the producer
 // loading the next item's Q and K/V tiles while the consumers finish the last tiles and store the
 // output of this one.
+// Offset (elements) of row l of query head bh = b * H + h in q and o: [B, H, L, D] storage, or
+// [B, L, H, D] with QO_LHD.
+__device__ __forceinline__ long long qo_row(int bh, int l, int H, long long L) {
+    if (QO_LHD) return (((long long)(bh / H) * L + l) * H + bh % H) * HD;
+    return ((long long)bh * L + l) * HD;
+}
+
 __device__ __forceinline__ void work_item(int w, int nM, int causal, int& bh, int& mb) {
     bh = w / nM;
     const int j = w - bh * nM;
@@ -305,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                 const unsigned short* Vg = v + kvh * L * HD;
                 if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous item's S products are done
                 // Q's copies complete the full barrier of the item's first tile too.
-                load_tile<BLOCK_M, false>(sQ, q + (long long)bh * L * HD + (long long)m0 * HD, Ln - m0, tid);
+                load_tile<BLOCK_M, false>(sQ, q + qo_row(bh, m0, Hn, L), Ln - m0, tid, QO_LHD ? (long long)Hn * HD : HD);
 #pragma unroll 1
                 for (int t = 0; t < nt; t++, T++) {
                     const int st = T % STAGES;
@@ -504,12 +519,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 2);
                 const float i0 = 1.f / lrow0, i1 = 1.f / lrow1;
-                unsigned short* Og = o + (long long)bh * L * HD;
+                const long long ors = QO_LHD ? (long long)Hn * HD : HD;  // output row stride
                 const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
 #pragma unroll
                 for (int j = 0; j < HD / 8; j++) {
-                    if (ok0) *(unsigned*)(Og + (long long)r0 * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
-                    if (ok1) *(unsigned*)(Og + (long long)(r0 + 8) * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
+                    if (ok0) *(unsigned*)(o + qo_row(bh, r0, Hn, L) + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
+                    if (ok1) *(unsigned*)(o + qo_row(bh, r0, Hn, L) + ors * 8 + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
                 }
             }
         }
