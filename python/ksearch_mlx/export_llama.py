@@ -23,7 +23,9 @@ import mlx.core as mx
 # faster than stock's attention at its shape class (below), so min_len only spares the short
 # prompts that timing: on the H200 (2026-12-03/04, bench/h200-2026-12-03-mlx-attention.txt,
 # bench/h200-2026-12-04-mlx-llama.txt) the task.toml wgmma kernel at its default tunables was
-# slower than SDPA at every shape measured (0.43-0.92x at L = 512..4096, 0.26-0.63x at L = 1).
+# slower than SDPA at every shape measured (0.43-0.92x at L = 512..4096, 0.26-0.63x at L = 1); the
+# persistent flash_ws is 1.06-1.27x of it at L = 1024..4096 (GPU clock) and a prefill through its
+# QO_LHD build ran 0.99x / 0.95x of stock at L = 2048 / 4096 (bench/h200-2026-12-04-llama-lhd.txt).
 LLAMA_MIN_LEN = 128
 
 # Timed calls per side when choose="measured" meets a new shape class (after one warm-up each),
