@@ -196,9 +196,14 @@ pub struct Search {
     seed_times: Vec<f64>,
     evals: u64,
     rounds_since_best: u32,
-    /// Wall seconds per evaluation seen so far (sum, count): what the time budget keeps for
-    /// the final phase is estimated from it.
+    /// Wall seconds per evaluation seen so far, the seed's own measurement apart (sum, count):
+    /// what the time budget keeps for one more round and for the final phase is estimated from
+    /// it and from `seed_wall`.
     eval_wall: (f64, u64),
+    /// Wall seconds of the seed's measurement. A naive seed can take far longer than every
+    /// candidate (MLX attention on the H200: 19.8 s against ~2 s); averaged in, it made a
+    /// 100-second budget look spent before the first round.
+    seed_wall: Option<f64>,
     /// The end of this invocation's time budget.
     deadline: Option<Instant>,
     started: Instant,
@@ -408,6 +413,7 @@ impl Search {
             evals: 0,
             rounds_since_best: 0,
             eval_wall: (0.0, 0),
+            seed_wall: None,
             deadline: None,
             started: Instant::now(),
             events: Box::new(|_| {}),
@@ -489,8 +495,12 @@ impl Search {
         let row = self.store.run(run_id)?;
         // What evaluations took before, for the time the final phase needs.
         for e in self.store.evaluations(run_id, None)? {
-            self.eval_wall.0 += e.wall_s;
-            self.eval_wall.1 += 1;
+            if e.purpose == "seed" {
+                self.seed_wall = Some(e.wall_s);
+            } else {
+                self.eval_wall.0 += e.wall_s;
+                self.eval_wall.1 += 1;
+            }
         }
         let mut nodes = self.store.nodes(run_id)?;
         for n in nodes.iter_mut().filter(|n| n.status == NodeStatus::Running) {
@@ -567,7 +577,7 @@ impl Search {
         self.drive(stop)
     }
 
-    /// Wall time of one evaluation so far (a mean; zero before any).
+    /// Wall time of one candidate's evaluation so far (a mean; zero before any).
     fn per_eval_s(&self) -> Duration {
         let (sum, n) = self.eval_wall;
         if n == 0 {
@@ -577,8 +587,9 @@ impl Search {
     }
 
     /// The time the final phase is estimated to take: each of the best candidates (at most
-    /// `FINAL_CANDIDATES`) re-timed with the seed, then held-out validation of the chosen one
-    /// with the seed, at the mean evaluation time so far.
+    /// `FINAL_CANDIDATES`, at least one) re-timed with the seed, then held-out validation of the
+    /// chosen one with the seed: that many seed measurements at the seed's time and candidate
+    /// evaluations at their mean so far.
     fn final_reserve(&self) -> Duration {
         let better = self
             .tree
@@ -586,8 +597,12 @@ impl Search {
             .values()
             .filter(|n| n.status == NodeStatus::Solved && n.parent.is_some() && n.speedup.unwrap_or(0.0) > 1.0)
             .count();
-        let evals = 2 * better.clamp(1, FINAL_CANDIDATES) as u32 + 2;
-        self.per_eval_s() * evals
+        let pairs = better.clamp(1, FINAL_CANDIDATES) as u32 + 1;
+        let seed = self
+            .seed_wall
+            .map(Duration::from_secs_f64)
+            .unwrap_or_else(|| self.per_eval_s());
+        (seed + self.per_eval_s()) * pairs
     }
 
     /// Whether the time budget leaves room for `evals` more evaluations.
@@ -961,7 +976,11 @@ impl Search {
             .context("task has no seed")?
             .clone();
         let cand = crate::planner::instantiate(self.cfg.backend, &seed_k, &BTreeMap::new());
+        let before = self.eval_wall;
         let (reply, wall) = self.evaluate_retrying_infra(|s| s.evaluate(&cand, false));
+        // The seed's time is kept apart from the candidates' (`seed_wall`).
+        self.eval_wall = before;
+        self.seed_wall = Some(wall);
         if let Some(f) = reply.failure.as_ref().filter(|_| reply.infra()) {
             let why = format!("infrastructure failure (not the seed's): {}", first_line(&f.message));
             self.store.set_run_status(self.run_id, "stopped", Some(&why))?;

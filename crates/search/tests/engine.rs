@@ -105,6 +105,8 @@ struct Log {
     /// during an evaluation), or on the first request of the final phase when the index is
     /// `usize::MAX`.
     raise: Option<(usize, &'static AtomicBool)>,
+    /// Wall time every evaluation of the seed takes (a slow naive seed).
+    seed_wall: Option<Duration>,
 }
 
 struct Scripted {
@@ -164,6 +166,11 @@ impl Scripted {
             ..EvalReply::default()
         };
         let finishing = self.log.borrow().finishing;
+        if let Some(d) = self.log.borrow().seed_wall
+            && req.candidate.source.contains("SEED")
+        {
+            std::thread::sleep(d);
+        }
         for w in &req.workloads {
             let call = Call {
                 seed: req.candidate.source.contains("SEED"),
@@ -532,6 +539,23 @@ fn a_spent_time_budget_stops_before_the_first_round() {
     let r = finished(s.run(StopRules::of(&cfg, Some(Duration::ZERO))).expect("run"));
     assert!(r.stop_reason.starts_with("time budget"), "{}", r.stop_reason);
     assert_eq!(r.rounds, 0);
+}
+
+#[test]
+fn a_slow_seed_leaves_rounds_to_a_budget_that_holds_its_final_phase() {
+    // The seed takes 0.3 s, the candidates next to nothing. At the mean of all evaluations the
+    // budget looked spent after the seed (one more evaluation plus a final phase of four, at
+    // 0.3 s each: 1.5 s + 0.3 s elapsed); the seed's time counts only for the seed's share of
+    // the final phase (two measurements before a better candidate exists).
+    let b = Bench::new();
+    let cfg = b.config(50, 50);
+    let (ev, log) = Scripted::new(plain);
+    log.borrow_mut().seed_wall = Some(Duration::from_millis(300));
+    let (mut s, _) = b.search(&cfg, ev);
+    let r = finished(s.run(StopRules::of(&cfg, Some(Duration::from_millis(1500)))).expect("run"));
+    assert!(r.stop_reason.starts_with("time budget"), "{}", r.stop_reason);
+    assert!(r.rounds >= 1, "no round ran: {}", r.stop_reason);
+    assert!(r.speedup.is_some_and(|x| x > 1.0), "{:?}", r.speedup);
 }
 
 #[test]
