@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# On the GPU machine: Nsight Compute on scan kernels at the five anchor shapes (one checked launch
+# per shape, no timing, no peer): throughput, pipe utilisation, scheduler and warp-state (stall)
+# statistics, to see what binds a kernel rather than guess it. Text reports land in $OUT.
+#
+# PROFILE is a ';'-separated list of kernel:FIX, FIX as bench/cuda_dev.py's KS_FIX (one
+# configuration each, the one nearest the defaults that FIX admits), e.g.
+#   PROFILE="mma_scan:PK=1;pipe_scan:SPT=1,CHUNK=128,PACK=1,SWZ=0"
+# Here:   SCAN_PREPARE=1 PROFILE=... bash bench/scan_ncu.sh   (NVRTC into .scan-cubins, no GPU)
+# There:  PROFILE=... bash bench/scan_ncu.sh                  (carry .scan-cubins)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR=${OUT:-/tmp/scan-ncu}
+mkdir -p "$OUTDIR"
+export PYTHONUNBUFFERED=1 KS_CUBIN_DIR=${KS_CUBIN_DIR:-$PWD/.scan-cubins} KS_MAMBA_PEER=/nonexistent
+export KS_TIME=0 KS_SUITES=${SUITES:-anchor} KS_MAXCFG=1 KS_HELDOUT=0
+SECTIONS=${SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis SchedulerStats WarpStateStats InstructionStats Occupancy LaunchStats}
+IFS=';' read -ra ITEMS <<< "${PROFILE:?PROFILE=kernel:FIX;...}"
+for item in "${ITEMS[@]}"; do
+    kern=${item%%:*}
+    fix=${item#*:}
+    [ "$fix" = "$item" ] && fix=
+    tag=$(echo "$item" | tr -c 'A-Za-z0-9_\n' '_')
+    if [ "${SCAN_PREPARE:-0}" = 1 ]; then
+        KS_KERNELS=$kern KS_FIX=$fix python3 bench/cuda_dev.py prepare mamba_scan | grep -E "^prepare"
+        continue
+    fi
+    args=()
+    for s in $SECTIONS; do args+=(--section "$s"); done
+    KS_KERNELS=$kern KS_FIX=$fix ncu -k regex:mamba_scan -c "${COUNT:-5}" "${args[@]}" \
+        python3 bench/cuda_dev.py run mamba_scan > "$OUTDIR/ncu_$tag.txt" 2>&1
+    echo "$item: exit $? ($OUTDIR/ncu_$tag.txt)"
+    grep -E "^==== checked|Duration|Issue Slots Busy|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler" "$OUTDIR/ncu_$tag.txt" | head -40
+done
