@@ -16,8 +16,12 @@ Per shape and configuration:
   timed as 16 calls queued and evaluated together on rotating input sets (at least 256 MB of inputs
   and outputs in rotation, so that the L2 holds no call's inputs), per-call share, median of 9 samples
   ("queued"), and as one synchronised call (mx.synchronize, the call, mx.eval, mx.synchronize),
-  median of 15 ("single": MLX's dispatch and the host's synchronisation included).
-ratio = MLX queued / CUDA (the target is <= 1.3). Writes $OUT/mlx_scan.json; a table last.
+  median of 15 ("single": MLX's dispatch and the host's synchronisation included), and on the GPU
+  clock the MLX worker's judge uses (ksearch_mlx.gpuclock: 16 calls on rotating input sets queued
+  behind a gate, timed between two %globaltimer stamps, one launch gap per call included; median of 9
+  samples, "GPU clk"): what the kernel costs on a stream a model fills, without MLX's host time.
+ratios = MLX GPU clock / CUDA (the target is <= 1.3) and MLX queued / CUDA. Writes $OUT/mlx_scan.json;
+a table last.
 
 --export-check: the module `ksearch export --mlx` writes for such a candidate (runtime.py, the TASK /
 CANDIDATE / BACKEND lines, export_tail.py, concatenated as the exporter does) with the first
@@ -36,6 +40,8 @@ import time
 import tomllib
 import traceback
 
+# The GPU clock (ksearch_mlx.gpuclock) needs MLX's CUDA graphs off before MLX starts, as the worker runs.
+os.environ.setdefault("MLX_USE_CUDA_GRAPHS", "0")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -119,6 +125,9 @@ def cuda_times(task, kc, cfgs, shape):
     return res
 
 
+CLOCK = None  # ksearch_mlx.gpuclock.GpuClock where MLX runs on CUDA
+
+
 def mlx_times(task, km, source, cfgs, shape, reps=15, queued=16):
     import mlx.core as mx
     from ksearch_mlx import reference as ref
@@ -186,6 +195,13 @@ def mlx_times(task, km, source, cfgs, shape, reps=15, queued=16):
                 del outs
             row["single_us"] = statistics.median(single) * 1e6
             row["queued_us"] = statistics.median(q) * 1e6
+            if CLOCK is not None:
+                g = []
+                for j in range(9):
+                    views = [sets[(j * queued + i) % nsets] for i in range(queued)]
+                    g.append(CLOCK.time_calls([lambda v: cc(v, axes)] * queued, views)[0])
+                row["gpu_us"] = statistics.median(g) * 1e6
+                row["gpu_spread"] = (max(g) - min(g)) / statistics.median(g)
         except Exception:
             row["error"] = traceback.format_exc()[-1500:]
         res[key] = row
@@ -290,6 +306,11 @@ def main():
         if fc not in cfgs:
             cfgs.append(fc)
     import mlx.core as mx
+    from ksearch_mlx import gpuclock
+    global CLOCK
+    CLOCK, why = gpuclock.GpuClock.create()
+    log(f"GPU clock: empty bracket {CLOCK.empty_ns / 1e3:.2f} us, self-check {CLOCK.check_us:.1f} us per call"
+        if CLOCK else f"no GPU clock ({why}): MLX timed on the host clock only")
     log(f"mlx {mx.__version__}, {len(cfgs)} configurations: " + "; ".join(label(c, dflt) for c in cfgs))
     res = {"configs": cfgs, "shapes": {}}
     for shape in SHAPES:
@@ -305,13 +326,17 @@ def main():
     with open(os.path.join(OUT, "mlx_scan.json"), "w") as f:
         json.dump(res, f, indent=1)
     lines = ["", f"==== {KERNEL}: MLX (whole CUDA unit) against the CUDA back-end, same configuration, us ====",
-             f"{'batch,L,D':<12} {'CUDA':>8} {'MLX queued':>11} {'MLX single':>11} {'MLX/CUDA':>9}  bad(cuda/mlx y/state)  configuration"]
+             f"{'batch,L,D':<12} {'CUDA':>8} {'MLX GPU clk':>11} {'MLX queued':>11} {'MLX single':>11} {'GPU/CUDA':>9} {'queued/CUDA':>11}  bad(cuda/mlx y/state)  configuration"]
     for s, d in res["shapes"].items():
         for c in cfgs:
             key = json.dumps(c, sort_keys=True)
             cu, ml = d["cuda"].get(key, {}), d["mlx"].get(key, {})
-            cus, mq, ms = cu.get("us", float("nan")), ml.get("queued_us", float("nan")), ml.get("single_us", float("nan"))
-            lines.append(f"{s:<12} {cus:8.1f} {mq:11.1f} {ms:11.1f} {mq / cus if cus == cus and cus > 0 else float('nan'):9.2f}  "
+            nan = float("nan")
+            cus, mg = cu.get("us", nan), ml.get("gpu_us", nan)
+            mq, ms = ml.get("queued_us", nan), ml.get("single_us", nan)
+            ok = cus == cus and cus > 0
+            lines.append(f"{s:<12} {cus:8.1f} {mg:11.1f} {mq:11.1f} {ms:11.1f} {mg / cus if ok else nan:9.2f} "
+                         f"{mq / cus if ok else nan:11.2f}  "
                          f"{cu.get('bad', '-')}/{ml.get('bad_y', 'E')}/{ml.get('bad_state', 'E')}  {label(c, dflt)}")
     if "export" in res:
         lines.append("export check: " + json.dumps(res["export"])[:1500])
