@@ -20,7 +20,8 @@ class):
 - attention alone at the model's per-layer shape (B = 1, H, Hkv, L, D, causal; q/k/v laid out as the
   model's [B, L, H, D] transposed; each path up to o_proj's input, so a kernel that needs q and o
   copied pays for it; the kernel's QO_LHD build, which reads and writes mlx-lm's order, where its
-  source has the switch, KS_LLAMA_LHD=0 to keep the [B, H, L, D] build), kernel against
+  source has the switch, KS_LLAMA_LHD=0 to keep the [B, H, L, D] build; with it, q and k rotated by
+  the patch's fused RoPE on MLX's CUDA back-end, KS_LLAMA_ROPE=0 for stock's RoPE), kernel against
   mx.fast.scaled_dot_product_attention for a few L,
   median of --reps; "suggested min_len": the shortest L from which the kernel won at every longer
   L measured (none: keep stock);
@@ -388,7 +389,8 @@ def main():
         unpatch = patch(min_len=min_len, choose=a.choose)
     else:
         attention, admits = standin_attention() if standin else kernel_attention()
-        unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose=a.choose)
+        unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose=a.choose,
+                                                  rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto")
     tg = Toggle(unpatch)
     model, args = make_model(cfg, mx.float16)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))

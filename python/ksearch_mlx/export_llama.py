@@ -4,7 +4,7 @@
 # module exported for the attention task, where it defines
 #
 #   patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None,
-#                      choose="measured") -> unpatch
+#                      choose="measured", lhd=None, rope="auto") -> unpatch
 #
 # with `attention` defaulting to the module's own `attention(q, k, v, causal)` (the searched
 # kernel), `admits` to the kernel's constraints and builds, `dtypes` to the kernel's input dtype.
@@ -37,6 +37,89 @@ LLAMA_MIN_LEN = 128
 LLAMA_TIMING_REPS = 3
 LLAMA_TIMING_ROUNDS = 3
 LLAMA_MARGIN = 0.95
+
+
+# RoPE of the query and key projections in one launch, for mlx-lm's `nn.RoPE` (not traditional,
+# dims = head size) on MLX's CUDA back-end. mlx-lm applies RoPE to q and k viewed as [B, H, L, D]
+# over [B, L, H, D] storage; on the H200 (2026-12-04, bench/h200-2026-12-04-llama-trace.txt) MLX's
+# rope kernel on those views took 18-24% of a 1.0 B Llama's prefill GPU time, about as much as
+# the attention itself (193 us per layer at L = 4096; this kernel 77 us). It reads the projections
+# in their own [B, L, H, D] storage and writes q in that storage (what the QO_LHD attention reads)
+# and k in [B, Hkv, L, D] (what the KV cache holds): one thread per 4 elements of a row, elements
+# d and d + D / 2 rotated together by (offset + l) * scale * base^(-2d / D), f32 arithmetic.
+# Inputs q [B, L, H, D], k [B, L, Hkv, D] (f16), dims (int32: B, L, H, Hkv, offset), p (f32:
+# log2(base), scale); outputs qo [B, L, H, D], ko [B, Hkv, L, D]; template D (head size).
+_LLAMA_ROPE_BODY = """
+constexpr int Q4 = D / 4;
+const long long NB = dims[0], LL = dims[1];
+const int HQ = dims[2], HK = dims[3];
+const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+if (t >= NB * LL * (HQ + HK) * Q4) return;
+const int d = 2 * (int)(t % Q4);
+const long long row = t / Q4;
+const int hh = (int)(row % (HQ + HK));
+const long long bl = row / (HQ + HK);
+const long long l = bl % LL;
+const long long b = bl / LL;
+const __half* src;
+__half* dst;
+if (hh < HQ) {
+  src = q + (bl * HQ + hh) * D;
+  dst = qo + (bl * HQ + hh) * D;
+} else {
+  src = k + (bl * HK + (hh - HQ)) * D;
+  dst = ko + ((b * HK + (hh - HQ)) * LL + l) * D;
+}
+const float2 x1 = __half22float2(*reinterpret_cast<const __half2*>(src + d));
+const float2 x2 = __half22float2(*reinterpret_cast<const __half2*>(src + d + D / 2));
+const float pos = (float)(l + dims[4]) * p[1];
+float s0, c0, s1, c1;
+sincosf(pos * exp2f(-(float)d * p[0] / (float)(D / 2)), &s0, &c0);
+sincosf(pos * exp2f(-(float)(d + 1) * p[0] / (float)(D / 2)), &s1, &c1);
+*reinterpret_cast<__half2*>(dst + d) = __floats2half2_rn(x1.x * c0 - x2.x * s0, x1.y * c1 - x2.y * s1);
+*reinterpret_cast<__half2*>(dst + d + D / 2) = __floats2half2_rn(x1.x * s0 + x2.x * c0, x1.y * s1 + x2.y * c1);
+"""
+_llama_rope_kernels = {}
+
+
+def _llama_rope_fits(rope, q, k):
+    """Whether the fused RoPE computes what `rope` (mlx-lm's module) would on q and k."""
+    import mlx.nn as nn
+
+    D = q.shape[-1]
+    return (type(rope) is nn.RoPE and not rope.traditional and rope.dims == D and D % 4 == 0
+            and k.shape[-1] == D and q.dtype == mx.float16 and k.dtype == mx.float16)
+
+
+def _llama_rope_cuda(q, k, rope, offset=0):
+    """(q rotated in [B, L, H, D], k rotated in [B, Hkv, L, D]) from the projections q
+    [B, L, H, D] and k [B, L, Hkv, D] in one launch (MLX's CUDA back-end), or None where the
+    kernel does not compute what `rope` would (then the caller runs stock's RoPE)."""
+    if not _llama_rope_fits(rope, q, k):
+        return None
+    B, L, H, D = q.shape
+    Hkv = k.shape[2]
+    kern = _llama_rope_kernels.get("rope")
+    if kern is None:
+        kern = _llama_rope_kernels["rope"] = mx.fast.cuda_kernel(
+            name="ks_llama_rope", input_names=["q", "k", "dims", "p"], output_names=["qo", "ko"],
+            source=_LLAMA_ROPE_BODY)
+    dims = mx.array([B, L, H, Hkv, int(offset)], dtype=mx.int32)
+    p = mx.array([_llama_math.log2(float(rope.base)), float(rope.scale)], dtype=mx.float32)
+    n = B * L * (H + Hkv) * (D // 4)
+    qo, ko = kern(inputs=[q, k, dims, p], template=[("D", D)], grid=(((n + 255) // 256) * 256, 1, 1),
+                  threadgroup=(256, 1, 1), output_shapes=[(B, L, H, D), (B, Hkv, L, D)],
+                  output_dtypes=[q.dtype, k.dtype])
+    return qo, ko
+
+
+def _llama_rope_default():
+    """The fused RoPE where MLX runs on CUDA (the GPU is the default device), else None."""
+    try:
+        cuda = mx.cuda.is_available() and mx.default_device() == mx.gpu
+    except AttributeError:
+        cuda = False
+    return _llama_rope_cuda if cuda else None
 
 
 def _llama_module_defaults():
@@ -104,7 +187,8 @@ def _llama_shape_class(axes, dtype):
     return (axes["B"], axes["H"], axes["Hkv"], 1 << max(L - 1, 1).bit_length(), axes["D"], axes["causal"], str(dtype))
 
 
-def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None):
+def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None,
+                       rope="auto"):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -140,7 +224,12 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     an exported module, the kernel built with QO_LHD=1 where its source has that switch). It runs
     instead of `attention` where given: mlx-lm's RoPE leaves q in that storage and o_proj reads o
     that way, so neither is copied (`attention` makes q contiguous in [B, H, L, D] and o is
-    transposed back: two copies of a query-sized array per call)."""
+    transposed back: two copies of a query-sized array per call).
+    `rope`: where `lhd` runs, q and k of an admitted prompt chunk are rotated by
+    `rope(q [B, L, H, D], k [B, L, Hkv, D], module.rope) -> (q [B, L, H, D], k [B, Hkv, L, D])` (or
+    None: stock's RoPE) instead of stock's RoPE on transposed views; "auto" (default) is the fused
+    RoPE kernel on MLX's CUDA back-end (mlx-lm's `nn.RoPE`, f16) and stock's RoPE elsewhere, None
+    is always stock's. `unpatch.rope` counts the calls it rotated ({"fused": n})."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
     if attention is None:
         attention = d_attention
@@ -154,6 +243,14 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         lhd = getattr(attention, "lhd", None)
     if lhd is not None and not callable(lhd):
         raise TypeError("patch_mlx_lm_llama: lhd must be callable")
+    if isinstance(rope, str):
+        if rope != "auto":
+            raise ValueError(f"patch_mlx_lm_llama: rope must be 'auto', None or a callable, not {rope!r}")
+        rope = _llama_rope_default()
+    if rope is not None and not callable(rope):
+        raise TypeError("patch_mlx_lm_llama: rope must be 'auto', None or a callable")
+    if lhd is None:
+        rope = None  # the fused RoPE writes q in [B, L, H, D]: only the lhd path reads it so
     if attention is None:
         raise ValueError("patch_mlx_lm_llama: give attention= (a callable (q, k, v, causal) -> o)")
     if not callable(attention):
@@ -173,6 +270,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     stock = getattr(previous, "_ksearch_stock", previous)
     stats = {"kernel": 0, "stock": 0}
     reasons = {}
+    rope_stats = {"fused": 0}
 
     # What `admits` said per shape: it evaluates the kernel's constraints and builds in Python
     # (~0.1 ms), once per layer and call otherwise, which a prefill of 16 layers notices.
@@ -209,16 +307,27 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
 
         # stock's arithmetic (mlx-lm 0.32 llama.Attention.__call__) up to the attention
         queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
-        keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        rotated = None
+        if rope is not None:
+            rotated = rope(queries.reshape(B, L, self.n_heads, -1), keys.reshape(B, L, self.n_kv_heads, -1), self.rope)
         values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        if cache is not None:
-            queries = self.rope(queries, offset=cache.offset)
-            keys = self.rope(keys, offset=cache.offset)
-            keys, values = cache.update_and_fetch(keys, values)
+        if rotated is not None:
+            # q in [B, L, H, D] storage (viewed as [B, H, L, D]), k in [B, Hkv, L, D], as stock's
+            # RoPE would give them (the cache offset is 0 here)
+            rope_stats["fused"] += 1
+            queries, keys = rotated[0].transpose(0, 2, 1, 3), rotated[1]
+            if cache is not None:
+                keys, values = cache.update_and_fetch(keys, values)
         else:
-            queries = self.rope(queries)
-            keys = self.rope(keys)
+            queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
+            keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            if cache is not None:
+                queries = self.rope(queries, offset=cache.offset)
+                keys = self.rope(keys, offset=cache.offset)
+                keys, values = cache.update_and_fetch(keys, values)
+            else:
+                queries = self.rope(queries)
+                keys = self.rope(keys)
 
         causal = 1 if mask is not None else 0
         axes = {"B": B, "H": queries.shape[1], "Hkv": keys.shape[1], "L": L, "D": queries.shape[3],
@@ -285,6 +394,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.reasons = reasons
     unpatch.min_len = min_len
     unpatch.lhd = lhd is not None
+    unpatch.rope = rope_stats
     unpatch.choices = choices
     unpatch.admitted = admitted
     return unpatch

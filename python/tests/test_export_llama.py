@@ -415,3 +415,84 @@ def test_exported_module_uses_its_qo_lhd_build_where_its_source_has_one():
     unpatch()
     assert unpatch.lhd and unpatch.stats == {"kernel": 2, "stock": 4}
     assert built == [{"HD": 64, "QO_LHD": 1}]  # one build for the shape class, with the switch
+
+
+def rope_reference(q, k, rope):
+    """The fused RoPE kernel's arithmetic (export_llama._LLAMA_ROPE_BODY) in MLX ops: element d of
+    a row turns with d + D / 2 by l * scale * 2^(-d log2(base) / (D / 2)); q stays in [B, L, H, D],
+    k goes to [B, Hkv, L, D]."""
+    if not export_llama._llama_rope_fits(rope, q, k):
+        return None
+    D, L = q.shape[-1], q.shape[1]
+    d = mx.arange(D // 2, dtype=mx.float32)
+    inv = mx.power(2.0, -d * math.log2(float(rope.base)) / (D // 2))
+    ang = (mx.arange(L, dtype=mx.float32) * float(rope.scale))[:, None] * inv[None, :]  # [L, D/2]
+    c, s = mx.cos(ang)[None, :, None, :], mx.sin(ang)[None, :, None, :]
+
+    def turn(x):
+        x1, x2 = x[..., : D // 2].astype(mx.float32), x[..., D // 2 :].astype(mx.float32)
+        return mx.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).astype(x.dtype)
+
+    return turn(q), turn(k).transpose(0, 2, 1, 3)
+
+
+def test_the_fused_ropes_arithmetic_is_mlx_lms_rope():
+    """What the CUDA body computes (written out in rope_reference, f32 arithmetic) against nn.RoPE
+    in f32 on the views mlx-lm rotates: a wrong pairing, frequency or scale is far outside f16's
+    rounding of the result."""
+    import mlx.nn as nn
+
+    mx.random.seed(4)
+    rope = nn.RoPE(32, base=500000.0, scale=0.5)
+    q = mx.random.normal((2, 40, 4, 32)).astype(mx.float16)
+    k = mx.random.normal((2, 40, 2, 32)).astype(mx.float16)
+    qo, ko = rope_reference(q, k, rope)
+    want_q = rope(q.astype(mx.float32).transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    want_k = rope(k.astype(mx.float32).transpose(0, 2, 1, 3))
+    assert ko.shape == (2, 2, 40, 32)
+    assert_close(qo.astype(mx.float32), want_q, 2e-3, "q")
+    assert_close(ko.astype(mx.float32), want_k, 2e-3, "k")
+    # what the kernel does not compute, it declines
+    assert rope_reference(q, k, nn.RoPE(32, traditional=True)) is None
+    assert rope_reference(q, k, nn.RoPE(16)) is None
+    assert rope_reference(q.astype(mx.float32), k.astype(mx.float32), rope) is None
+
+
+def test_a_fused_rope_rotates_q_and_k_of_the_kernel_path_only():
+    m = tiny_llama(mx.float16)
+    ids = mx.random.randint(0, 101, (2, 24))
+    ref = prefill_and_decode(m, ids, 2)
+    ref_cache = mlx_cache.make_prompt_cache(m)
+    mx.eval(m(ids, cache=ref_cache))
+    lhd_calls, rope_calls = [], []
+
+    def rope(q, k, module):
+        rope_calls.append((q.shape, k.shape))
+        return rope_reference(q, k, module)
+
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd(lhd_calls),
+                                              rope=rope)
+    for i, (a, b) in enumerate(zip(prefill_and_decode(m, ids, 2), ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"call {i}")
+    # the cache holds what stock's RoPE put there (decode attends to it)
+    cache = mlx_cache.make_prompt_cache(m)
+    mx.eval(m(ids, cache=cache))
+    for c, r in zip(cache, ref_cache):
+        assert_close(c.state[0], r.state[0], TOL[mx.float16], "cached keys")
+        assert_close(c.state[1], r.state[1], TOL[mx.float16], "cached values")
+    unpatch()
+    # prefill of both layers (twice), decode stock with stock's RoPE
+    assert unpatch.rope == {"fused": 4} and len(rope_calls) == 4, unpatch.rope
+    assert rope_calls[0] == ((2, 24, 4, 32), (2, 24, 2, 32))
+    assert unpatch.stats == {"kernel": 4, "stock": 4}, unpatch.stats
+    # without an lhd path the fused RoPE is not used (it writes q in [B, L, H, D])
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=None, rope=rope)
+    mx.eval(m(ids, cache=mlx_cache.make_prompt_cache(m)))
+    unpatch()
+    assert unpatch.rope == {"fused": 0}
+    with pytest.raises(ValueError):
+        export_llama.patch_mlx_lm_llama(standin([]), rope="fast")
+    with pytest.raises(TypeError):
+        export_llama.patch_mlx_lm_llama(standin([]), rope=3)
+    # "auto" on MLX's CPU back-end: stock's RoPE
+    assert export_llama._llama_rope_default() is None or mx.default_device() == mx.gpu

@@ -1,4 +1,5 @@
-"""Compile checks of the fused decode glue kernels of export_tail.py (MLX CUDA dialect) with
+"""Compile checks of the fused decode glue kernels of export_tail.py and of the Llama patch's fused
+RoPE (export_llama.py), both in the MLX CUDA dialect, with
 NVRTC, no GPU and no MLX CUDA back-end needed: each body is wrapped the way
 `mx.fast.cuda_kernel` wraps it (inputs `const T*`, outputs `T*`, template values as `constexpr
 int`), as crates/eval/src/mlx_cuda.rs does for the task kernels, and compiled for sm_90 at the
@@ -112,6 +113,28 @@ def test_glue_kernels_compile(nvrtc, name, sizes):
         name, dict(D=sizes["D"], R=sizes["R"], N=sizes["N"], J=J, NB=sizes["NB"]))
     rc, log = compile_src(nvrtc, wrap(name, ins, outs, body, template))
     assert rc == 0, f"{name} {sizes}: NVRTC failed:\n{log}"
+    assert "warning" not in log.lower(), log
+
+
+LLAMA = TAIL.parent / "export_llama.py"
+ROPE_DTYPES = {"q": "__half", "k": "__half", "dims": "int", "p": "float", "qo": "__half", "ko": "__half"}
+
+
+def rope_body():
+    src = LLAMA.read_text()
+    start = src.index("_LLAMA_ROPE_BODY = ")
+    end = src.index('"""', src.index('"""', start) + 3) + 3
+    ns = {}
+    exec(compile(src[start:end], str(LLAMA), "exec"), ns)
+    return ns["_LLAMA_ROPE_BODY"]
+
+
+@pytest.mark.parametrize("D", [64, 96, 128])
+def test_the_llama_patchs_fused_rope_compiles(nvrtc, D):
+    """export_llama.py's RoPE kernel (mx.fast.cuda_kernel: q, k, dims, p -> qo, ko; template D)."""
+    DTYPES["ks_llama_rope"] = ROPE_DTYPES
+    rc, log = compile_src(nvrtc, wrap("ks_llama_rope", ["q", "k", "dims", "p"], ["qo", "ko"], rope_body(), dict(D=D)))
+    assert rc == 0, f"D={D}: NVRTC failed:\n{log}"
     assert "warning" not in log.lower(), log
 
 
