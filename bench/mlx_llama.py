@@ -22,11 +22,13 @@ class):
   copied pays for it; the kernel's QO_LHD build, which reads and writes mlx-lm's order, where its
   source has the switch, KS_LLAMA_LHD=0 to keep the [B, H, L, D] build; with it, q and k rotated by
   the patch's fused RoPE on MLX's CUDA back-end, KS_LLAMA_ROPE=0 for stock's RoPE), kernel against
-  mx.fast.scaled_dot_product_attention for a few L,
+  mx.fast.scaled_dot_product_attention for a few L (KS_LLAMA_QKV=1: the patch's fuse_qkv, the q, k and
+  v projections one matmul),
   median of --reps; "suggested min_len": the shortest L from which the kernel won at every longer
   L measured (none: keep stock);
 - prefill tok/s at L = 2048 and 4096: the backbone over the prompt with a fresh KV cache, then the
-  head on the last position (what generation needs), median of --reps;
+  head on the last position (what generation needs), median of --reps; with the host time spent
+  building each mode's lazy graph (Python, before the GPU starts), median;
 - decode tok/s after a --prompt token prompt: a synchronous loop (model, argmax, eval per token) and
   mlx-lm's generate_step (greedy), --decode tokens each, median of 3;
 - logits of the whole prompt at L = 2048 and 4096 (one forward, no cache): patched against stock,
@@ -101,13 +103,18 @@ def kernel_attention():
 
     task, k, source = ma.load()
     built = {}
+    chosen = {}  # per shape (the choice evaluates constraints in Python: once, not once per layer)
 
     def defines_for(axes):
-        for hd in (axes["D"], 128, 96, 64):
-            d = ma.candidate(k, source, {"HD": hd})["defines"]
-            if ma.admits(k, d, axes):
-                return {"HD": hd}
-        return None
+        shape = tuple(axes.values())
+        if shape not in chosen:
+            chosen[shape] = None
+            for hd in (axes["D"], 128, 96, 64):
+                d = ma.candidate(k, source, {"HD": hd})["defines"]
+                if ma.admits(k, d, axes):
+                    chosen[shape] = {"HD": hd}
+                    break
+        return chosen[shape]
 
     def admits(axes):
         return defines_for(axes) is not None
@@ -243,6 +250,56 @@ def bench_attention(attention, admits, cfg, lens, reps):
     return rows, suggested
 
 
+def bench_rope(cfg, lens, reps):
+    """The patch's fused RoPE (q and k rotated, v moved to [B, Hkv, L, D], one launch) against
+    stock's (nn.RoPE on the transposed views of q and k, v's transpose made contiguous) at the
+    model's per-layer shapes: every element compared, and the time of 20 calls evaluated together
+    (median of `reps`; one call alone is MLX's host overhead)."""
+    import mlx.nn as nn
+
+    H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    rope = nn.RoPE(D, base=10000.0)
+    rows = []
+    for L in lens:
+        kq, kk, kv = mx.random.split(mx.random.key(300 + L), 3)
+        q = mx.random.normal((1, L, H, D), key=kq).astype(mx.float16)
+        k = mx.random.normal((1, L, Hkv, D), key=kk).astype(mx.float16)
+        v = mx.random.normal((1, L, Hkv, D), key=kv).astype(mx.float16)
+        mx.eval(q, k, v)
+
+        def fused():
+            return export_llama._llama_rope_cuda(q, k, v, rope)
+
+        def stock():
+            return (rope(q.transpose(0, 2, 1, 3)), rope(k.transpose(0, 2, 1, 3)),
+                    mx.contiguous(v.transpose(0, 2, 1, 3)))
+
+        got, want = fused(), stock()
+        row = {"L": L, "q": compare(got[0], want[0].transpose(0, 2, 1, 3)), "k": compare(got[1], want[1]),
+               "v": compare(got[2], want[2])}
+        # the same kernel reading the fused projection [B, L, H + 2 Hkv, D] (fuse_qkv)
+        got = export_llama._llama_rope_cuda_qkv(mx.concatenate([q, k, v], axis=2), H, Hkv, rope)
+        row["qkv_bad"] = sum(compare(g, w)["bad"] for g, w in zip(got, (want[0].transpose(0, 2, 1, 3), want[1], want[2])))
+
+        def many(fn):
+            mx.synchronize()
+            t0 = time.perf_counter()
+            mx.eval([fn() for _ in range(20)])
+            mx.synchronize()
+            return (time.perf_counter() - t0) / 20
+
+        many(fused), many(stock)
+        tf, ts = [], []
+        for _ in range(reps):
+            tf.append(many(fused))
+            ts.append(many(stock))
+        row["fused_us"], row["stock_us"] = statistics.median(tf) * 1e6, statistics.median(ts) * 1e6
+        row["ratio"] = row["stock_us"] / row["fused_us"]
+        rows.append(row)
+        log(f"rope L={L}: {json.dumps(row)}")
+    return rows
+
+
 def bench_prefill(model, tg, L, reps, vocab):
     ids = mx.random.randint(0, vocab, (1, L), key=mx.random.key(100 + L))
 
@@ -252,18 +309,30 @@ def bench_prefill(model, tg, L, reps, vocab):
         return [model.lm_head(h[:, -1:])] + [s for x in c for s in (x.keys, x.values)]
 
     times = {"stock": [], "patched": []}
+    builds = {"stock": [], "patched": []}  # of each timed call: building the lazy graph (host only)
+
+    def timed_run(mode):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        out = run()
+        builds[mode].append(time.perf_counter() - t0)
+        mx.eval(out)
+        mx.synchronize()
+        times[mode].append(time.perf_counter() - t0)
+
     for mode in ("stock", "patched"):  # warm-up (the kernel's first call compiles it)
         (tg.on if mode == "patched" else tg.off)()
         timed(run)
     for _ in range(reps):
         for mode in ("stock", "patched"):
             (tg.on if mode == "patched" else tg.off)()
-            times[mode].append(timed(run))
+            timed_run(mode)
     tg.off()
     row = {"L": L}
     for mode, t in times.items():
         row[f"{mode}_ms"] = statistics.median(t) * 1e3
         row[f"{mode}_tok_s"] = L / statistics.median(t)
+        row[f"{mode}_graph_ms"] = statistics.median(builds[mode]) * 1e3
     row["ratio"] = row["patched_tok_s"] / row["stock_tok_s"]
     log(f"prefill L={L}: {json.dumps(row)}")
     return row
@@ -390,7 +459,8 @@ def main():
     else:
         attention, admits = standin_attention() if standin else kernel_attention()
         unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose=a.choose,
-                                                  rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto")
+                                                  rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto",
+                                                  fuse_qkv=os.environ.get("KS_LLAMA_QKV") == "1")
     tg = Toggle(unpatch)
     model, args = make_model(cfg, mx.float16)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
@@ -412,12 +482,17 @@ def main():
 
     res["attention_alone"], res["suggested_min_len"] = phase(
         "attention alone", lambda: bench_attention(attention, admits, cfg, attn_lens, max(a.reps, 10)), 0.3) or ([], None)
+    if export_llama._llama_rope_default() is not None and os.environ.get("KS_LLAMA_ROPE") != "0":
+        res["rope"] = phase("fused rope", lambda: bench_rope(cfg, prefill_lens, a.reps), 0.3) or []
+    else:
+        res["rope"] = []
     res["prefill"] = [r for r in (phase(f"prefill L={L}", lambda L=L: bench_prefill(model, tg, L, a.reps, cfg["vocab_size"]), 0.5)
                                   for L in prefill_lens) if r]
     res["decode"] = phase("decode", lambda: bench_decode(model, tg, prompt_len, n_decode, cfg["vocab_size"]), 0.65) or []
     res["logits"] = phase("logits", lambda: bench_logits(model, args, tg, prefill_lens, cfg["vocab_size"], not a.no_f32), 0.8) or []
     tg.off()
-    res["paths"] = {"stats": dict(unpatch.stats), "reasons": dict(getattr(unpatch, "reasons", {}))}
+    res["paths"] = {"stats": dict(unpatch.stats), "reasons": dict(getattr(unpatch, "reasons", {})),
+                    "rope": dict(getattr(unpatch, "rope", {})), "qkv": dict(getattr(unpatch, "qkv", {}))}
     # attention's share of stock prefill: layers x SDPA time at that L / prefill time
     sdpa = {r["L"]: r["sdpa_ms"] for r in res["attention_alone"] if "sdpa_ms" in r}
     for r in res["prefill"]:
@@ -440,10 +515,17 @@ def main():
             else:
                 lines.append(f"{'':<32} {r['L']:>6} {r.get('error', '')}")
         lines.append(f"suggested min_len (kernel faster at this L and every longer one measured): {res['suggested_min_len']}")
+    for r in res["rope"]:
+        bad = sum(r[t]["bad"] for t in ("q", "k", "v"))
+        n = sum(r[t]["elements"] for t in ("q", "k", "v"))
+        lines.append(f"{'fused RoPE + v move (layer)':<32} {r['L']:>6} {r['fused_us']:>8.1f} us {r['stock_us']:>7.1f} us "
+                     f"{r['ratio']:>6.3f}  (stock RoPE + transpose); max|d| q {r['q']['max_abs']:.3g} "
+                     f"k {r['k']['max_abs']:.3g} v {r['v']['max_abs']:.3g}, bad {bad}/{n} (from fused qkv: {r['qkv_bad']})")
     lines.append(f"{'':<32} {'':>6} {'stock tok/s':>12} {'patched tok/s':>14} {'ratio':>6}")
     for r in res["prefill"]:
         share = f"  (attention {100 * r['attention_share']:.0f}% of stock)" if "attention_share" in r else ""
-        lines.append(f"{'prefill':<32} {r['L']:>6} {r['stock_tok_s']:>12.0f} {r['patched_tok_s']:>14.0f} {r['ratio']:>6.3f}{share}")
+        lines.append(f"{'prefill':<32} {r['L']:>6} {r['stock_tok_s']:>12.0f} {r['patched_tok_s']:>14.0f} {r['ratio']:>6.3f}{share}"
+                     f"  graph building {r['stock_graph_ms']:.2f} / {r['patched_graph_ms']:.2f} ms")
     for r in res["decode"]:
         lines.append(f"{'decode ' + r['method'] + ' (ctx ' + str(r['prompt']) + ')':<32} {r['tokens']:>6} "
                      f"{r['stock_tok_s']:>12.1f} {r['patched_tok_s']:>14.1f} {r['ratio']:>6.3f}")
@@ -455,7 +537,8 @@ def main():
             q, t = r["patched_vs_f32"], r["stock_vs_f32"]
             s += f"; vs f32: patched max rel {q['max_rel']:.2e} bad {q['bad']}, stock max rel {t['max_rel']:.2e} bad {t['bad']}"
         lines.append(s)
-    lines.append(f"paths: {res['paths']['stats']} stock reasons {res['paths']['reasons']}; {res['seconds']:.0f} s"
+    lines.append(f"paths: {res['paths']['stats']} stock reasons {res['paths']['reasons']} fused RoPE {res['paths']['rope']}"
+                 f" fused qkv {res['paths']['qkv']}; {res['seconds']:.0f} s"
                  + (f"; skipped: {', '.join(res['skipped'])}" if res["skipped"] else "")
                  + (f"; errors in {', '.join(e['phase'] for e in res['errors'])}" if res["errors"] else ""))
     print("\n" + "\n".join(lines), flush=True)

@@ -5,7 +5,8 @@ through torch.profiler (MLX's kernels included: CUPTI sees every context of the 
 prefill per mode after two untimed ones.
 
     PYTHONPATH=python KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama_trace.py --lens 2048,4096
-    (KS_LLAMA_ROPE=0: the patch keeps stock's RoPE instead of its fused one)
+    (KS_LLAMA_ROPE=0: the patch keeps stock's RoPE instead of its fused one; KS_LLAMA_QKV=1: its
+    fuse_qkv, one matmul for the q, k and v projections)
 
 Per mode and L: the span from the first kernel's start to the last kernel's end, the sum of kernel
 times, the idle time between kernels (gaps, and how many exceed 10 us), and the kernels with the
@@ -66,7 +67,8 @@ def main():
     a = ap.parse_args()
     attention, admits = ml.kernel_attention()
     unpatch = export_llama.patch_mlx_lm_llama(attention, admits=admits, dtypes=(mx.float16,), choose="always",
-                                              rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto")
+                                              rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto",
+                                              fuse_qkv=os.environ.get("KS_LLAMA_QKV") == "1")
     tg = ml.Toggle(unpatch)
     model, _ = ml.make_model(ml.FULL, mx.float16)
     vocab = ml.FULL["vocab_size"]

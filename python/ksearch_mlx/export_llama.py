@@ -39,78 +39,158 @@ LLAMA_TIMING_ROUNDS = 3
 LLAMA_MARGIN = 0.95
 
 
-# RoPE of the query and key projections in one launch, for mlx-lm's `nn.RoPE` (not traditional,
-# dims = head size) on MLX's CUDA back-end. mlx-lm applies RoPE to q and k viewed as [B, H, L, D]
-# over [B, L, H, D] storage; on the H200 (2026-12-04, bench/h200-2026-12-04-llama-trace.txt) MLX's
-# rope kernel on those views took 18-24% of a 1.0 B Llama's prefill GPU time, about as much as
-# the attention itself (193 us per layer at L = 4096; this kernel 77 us). It reads the projections
-# in their own [B, L, H, D] storage and writes q in that storage (what the QO_LHD attention reads)
-# and k in [B, Hkv, L, D] (what the KV cache holds): one thread per 4 elements of a row, elements
-# d and d + D / 2 rotated together by (offset + l) * scale * base^(-2d / D), f32 arithmetic.
-# Inputs q [B, L, H, D], k [B, L, Hkv, D] (f16), dims (int32: B, L, H, Hkv, offset), p (f32:
-# log2(base), scale); outputs qo [B, L, H, D], ko [B, Hkv, L, D]; template D (head size).
+# RoPE of the query and key projections, and the value projection's move to the cache's order, in
+# one launch, for mlx-lm's `nn.RoPE` (not traditional, dims = head size) on MLX's CUDA back-end.
+# mlx-lm applies RoPE to q and k viewed as [B, H, L, D] over [B, L, H, D] storage; on the H200
+# (2026-12-04, bench/h200-2026-12-04-llama-trace.txt) MLX's rope kernel on those views took 18-24%
+# of a 1.0 B Llama's prefill GPU time, about as much as the attention itself (193 us per layer at
+# L = 4096), and v's transpose to [B, Hkv, L, D] another 24 us. This kernel reads the three
+# projections in their own [B, L, H, D] storage and writes q in that storage (what the QO_LHD
+# attention reads), k and v in [B, Hkv, L, D] (what the KV cache holds). One block per position
+# (blockIdx.x = l, blockIdx.y = b): the D / 2 (cos, sin) pairs of that position are computed once
+# into shared memory, as MLX's rope computes them (theta = scale * (offset + l) * 2^(-(i / (D/2)) *
+# log2(base)), f32); then each row of the position (H query heads, Hkv key heads, Hkv value heads)
+# is D / 8 threads of 4 element pairs each (d and d + D / 2 turned together; v copied), 8-byte
+# loads and stores, f32 arithmetic. No integer division but by compile-time constants.
+# Inputs q [B, L, H, D], k and v [B, L, Hkv, D] (f16), dims (int32: B, L, H, Hkv, offset), p (f32:
+# log2(base), scale); outputs qo [B, L, H, D], ko and vo [B, Hkv, L, D]; template D (head size,
+# a multiple of 8) and QKV (1: q is the fused projection [B, L, H + 2 Hkv, D], its heads q's, k's
+# and v's in that order; k and v are not read); threadgroup a multiple of D / 8 threads; grid (L
+# blocks, B).
 _LLAMA_ROPE_BODY = """
-constexpr int Q4 = D / 4;
-const long long NB = dims[0], LL = dims[1];
-const int HQ = dims[2], HK = dims[3];
-const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-if (t >= NB * LL * (HQ + HK) * Q4) return;
-const int d = 2 * (int)(t % Q4);
-const long long row = t / Q4;
-const int hh = (int)(row % (HQ + HK));
-const long long bl = row / (HQ + HK);
-const long long l = bl % LL;
-const long long b = bl / LL;
-const __half* src;
-__half* dst;
-if (hh < HQ) {
-  src = q + (bl * HQ + hh) * D;
-  dst = qo + (bl * HQ + hh) * D;
-} else {
-  src = k + (bl * HK + (hh - HQ)) * D;
-  dst = ko + ((b * HK + (hh - HQ)) * LL + l) * D;
+constexpr int T = D / 8;
+constexpr int HALF = D / 2;
+__shared__ float2 cs[HALF];
+const int LL = dims[1], HQ = dims[2], HK = dims[3];
+const int l = blockIdx.x, b = blockIdx.y;
+const float pos = p[1] * (float)(l + dims[4]);
+for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
+  float s, c;
+  sincosf(pos * exp2f(-((float)i / (float)HALF) * p[0]), &s, &c);
+  cs[i] = make_float2(c, s);
 }
-const float2 x1 = __half22float2(*reinterpret_cast<const __half2*>(src + d));
-const float2 x2 = __half22float2(*reinterpret_cast<const __half2*>(src + d + D / 2));
-const float pos = (float)(l + dims[4]) * p[1];
-float s0, c0, s1, c1;
-sincosf(pos * exp2f(-(float)d * p[0] / (float)(D / 2)), &s0, &c0);
-sincosf(pos * exp2f(-(float)(d + 1) * p[0] / (float)(D / 2)), &s1, &c1);
-*reinterpret_cast<__half2*>(dst + d) = __floats2half2_rn(x1.x * c0 - x2.x * s0, x1.y * c1 - x2.y * s1);
-*reinterpret_cast<__half2*>(dst + d + D / 2) = __floats2half2_rn(x1.x * s0 + x2.x * c0, x1.y * s1 + x2.y * c1);
+__syncthreads();
+const int d = 4 * (threadIdx.x % T);
+const long long bl = (long long)b * LL + l;
+const int rows = HQ + 2 * HK;
+for (int r = threadIdx.x / T; r < rows; r += blockDim.x / T) {
+  const __half* src;
+  __half* dst;
+  if (r < HQ) {
+    src = q + (bl * HQ + r) * D;
+    dst = qo + (bl * HQ + r) * D;
+  } else if (r < HQ + HK) {
+    src = k + (bl * HK + (r - HQ)) * D;
+    dst = ko + (((long long)b * HK + (r - HQ)) * LL + l) * D;
+  } else {
+    src = v + (bl * HK + (r - HQ - HK)) * D;
+    dst = vo + (((long long)b * HK + (r - HQ - HK)) * LL + l) * D;
+  }
+  if (QKV) {
+    src = q + (bl * rows + r) * D;
+  }
+  uint2 lo = *reinterpret_cast<const uint2*>(src + d);
+  uint2 hi = *reinterpret_cast<const uint2*>(src + d + HALF);
+  if (r < HQ + HK) {
+    __half2* l2 = reinterpret_cast<__half2*>(&lo);
+    __half2* h2 = reinterpret_cast<__half2*>(&hi);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float2 x1 = __half22float2(l2[j]);
+      const float2 x2 = __half22float2(h2[j]);
+      const float2 a = cs[d + 2 * j], e = cs[d + 2 * j + 1];
+      l2[j] = __floats2half2_rn(x1.x * a.x - x2.x * a.y, x1.y * e.x - x2.y * e.y);
+      h2[j] = __floats2half2_rn(x1.x * a.y + x2.x * a.x, x1.y * e.y + x2.y * e.x);
+    }
+  }
+  *reinterpret_cast<uint2*>(dst + d) = lo;
+  *reinterpret_cast<uint2*>(dst + d + HALF) = hi;
+}
 """
 _llama_rope_kernels = {}
 
 
-def _llama_rope_fits(rope, q, k):
-    """Whether the fused RoPE computes what `rope` (mlx-lm's module) would on q and k."""
+def _llama_rope_fits(rope, q, k, v):
+    """Whether the fused RoPE computes what `rope` (mlx-lm's module) would on q and k (and moves v)."""
     import mlx.nn as nn
 
     D = q.shape[-1]
-    return (type(rope) is nn.RoPE and not rope.traditional and rope.dims == D and D % 4 == 0
-            and k.shape[-1] == D and q.dtype == mx.float16 and k.dtype == mx.float16)
+    return (type(rope) is nn.RoPE and not rope.traditional and rope.dims == D and D % 8 == 0
+            and k.shape[-1] == D and v.shape[-1] == D and k.shape[:3] == v.shape[:3]
+            and q.dtype == mx.float16 and k.dtype == mx.float16 and v.dtype == mx.float16)
 
 
-def _llama_rope_cuda(q, k, rope, offset=0):
-    """(q rotated in [B, L, H, D], k rotated in [B, Hkv, L, D]) from the projections q
-    [B, L, H, D] and k [B, L, Hkv, D] in one launch (MLX's CUDA back-end), or None where the
-    kernel does not compute what `rope` would (then the caller runs stock's RoPE)."""
-    if not _llama_rope_fits(rope, q, k):
+# Per (B, L, H, Hkv, offset, base, scale): the kernel's small dims and p arrays, made once (a
+# prefill calls the kernel once per layer with the same ones).
+_llama_rope_args = {}
+
+
+def _llama_rope_cuda(q, k, v, rope, offset=0):
+    """(q rotated in [B, L, H, D], k rotated in [B, Hkv, L, D], v in [B, Hkv, L, D]) from the
+    projections q [B, L, H, D], k and v [B, L, Hkv, D] in one launch (MLX's CUDA back-end), or
+    None where the kernel does not compute what `rope` would (then the caller runs stock's RoPE)."""
+    if not _llama_rope_fits(rope, q, k, v):
         return None
     B, L, H, D = q.shape
     Hkv = k.shape[2]
+    return _llama_rope_launch(_llama_rope_kernel(), q, k, v, _llama_rope_args_for(B, L, H, Hkv, offset, rope), 0,
+                              B, L, H, Hkv, D)
+
+
+def _llama_rope_launch(kern, q, k, v, args, fused, B, L, H, Hkv, D):
+    t = D // 8
+    threads = t * max(1, 256 // t)
+    return tuple(kern(inputs=[q, k, v, *args], template=[("D", D), ("QKV", fused)], grid=(L * threads, B, 1),
+                      threadgroup=(threads, 1, 1), output_shapes=[(B, L, H, D), (B, Hkv, L, D), (B, Hkv, L, D)],
+                      output_dtypes=[q.dtype, q.dtype, q.dtype]))
+
+
+def _llama_rope_kernel():
     kern = _llama_rope_kernels.get("rope")
     if kern is None:
         kern = _llama_rope_kernels["rope"] = mx.fast.cuda_kernel(
-            name="ks_llama_rope", input_names=["q", "k", "dims", "p"], output_names=["qo", "ko"],
+            name="ks_llama_rope", input_names=["q", "k", "v", "dims", "p"], output_names=["qo", "ko", "vo"],
             source=_LLAMA_ROPE_BODY)
-    dims = mx.array([B, L, H, Hkv, int(offset)], dtype=mx.int32)
-    p = mx.array([_llama_math.log2(float(rope.base)), float(rope.scale)], dtype=mx.float32)
-    n = B * L * (H + Hkv) * (D // 4)
-    qo, ko = kern(inputs=[q, k, dims, p], template=[("D", D)], grid=(((n + 255) // 256) * 256, 1, 1),
-                  threadgroup=(256, 1, 1), output_shapes=[(B, L, H, D), (B, Hkv, L, D)],
-                  output_dtypes=[q.dtype, k.dtype])
-    return qo, ko
+    return kern
+
+
+def _llama_rope_args_for(B, L, H, Hkv, offset, rope):
+    key = (B, L, H, Hkv, int(offset), float(rope.base), float(rope.scale))
+    args = _llama_rope_args.get(key)
+    if args is None:
+        if len(_llama_rope_args) >= 256:
+            _llama_rope_args.clear()
+        args = _llama_rope_args[key] = (mx.array([B, L, H, Hkv, int(offset)], dtype=mx.int32),
+                                        mx.array([_llama_math.log2(float(rope.base)), float(rope.scale)], dtype=mx.float32))
+    return args
+
+
+def _llama_rope_cuda_qkv(qkv, H, Hkv, rope, offset=0):
+    """As _llama_rope_cuda, from the fused projection qkv [B, L, H + 2 Hkv, D] (q's heads, then
+    k's, then v's)."""
+    B, L, R, D = qkv.shape
+    if R != H + 2 * Hkv or not _llama_rope_fits(rope, qkv, qkv, qkv):
+        return None
+    return _llama_rope_launch(_llama_rope_kernel(), qkv, qkv, qkv, _llama_rope_args_for(B, L, H, Hkv, offset, rope), 1,
+                              B, L, H, Hkv, D)
+
+
+def _llama_qkv_weight(attn):
+    """The q, k and v projections' weights of mlx-lm's Attention `attn` stacked into one
+    [(H + 2 Hkv) D, hidden] matrix (made on first use and kept on the module, outside its
+    parameters; made again when a projection's weight is replaced), or None where they are not
+    plain bias-free nn.Linear layers (quantised, LoRA, with bias: stock's three projections)."""
+    import mlx.nn as nn
+
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if any(type(p) is not nn.Linear or "bias" in p for p in projs):
+        return None
+    ws = tuple(p.weight for p in projs)
+    got = attn.__dict__.get("_ks_qkv")
+    if got is None or any(a is not b for a, b in zip(got[0], ws)):
+        got = (ws, mx.concatenate(ws, axis=0))
+        object.__setattr__(attn, "_ks_qkv", got)  # not Module.__setattr__: no parameter of the model
+    return got[1]
 
 
 def _llama_rope_default():
@@ -151,16 +231,26 @@ class _LlamaLhdBuilds:
     def __init__(self, cand, task, backend):
         self.cand, self.task, self.backend = cand, task, backend
         self.compiled = {}
+        # per shape: the build that runs it. Choosing one evaluates the kernel's constraints in
+        # Python, which a prefill would otherwise pay once per layer while it builds its graph
+        # (the GPU idle meanwhile).
+        self.for_shape = {}
 
     def __call__(self, q, k, v, causal=0):
         B, L, H, D = q.shape
         axes = {"B": B, "H": H, "Hkv": k.shape[1], "L": L, "D": D, "causal": int(causal)}
-        d = dict(globals()["_tail_build_for"](self.cand, axes))
-        d["QO_LHD"] = 1
-        key = tuple(sorted(d.items()))
-        if key not in self.compiled:
-            self.compiled[key] = globals()["CompiledCandidate"]({**self.cand, "defines": d}, self.task, self.backend)
-        o = self.compiled[key]({"q": q.reshape(B, H, L, D), "k": k, "v": v}, axes)["o"]
+        shape = (B, L, H, axes["Hkv"], D, axes["causal"])
+        kern = self.for_shape.get(shape)
+        if kern is None:
+            d = dict(globals()["_tail_build_for"](self.cand, axes))
+            d["QO_LHD"] = 1
+            key = tuple(sorted(d.items()))
+            if key not in self.compiled:
+                self.compiled[key] = globals()["CompiledCandidate"]({**self.cand, "defines": d}, self.task, self.backend)
+            if len(self.for_shape) >= 4096:
+                self.for_shape.clear()
+            kern = self.for_shape[shape] = self.compiled[key]
+        o = kern({"q": q.reshape(B, H, L, D), "k": k, "v": v}, axes)["o"]
         return o.reshape(B, L, H, D)
 
 
@@ -188,7 +278,7 @@ def _llama_shape_class(axes, dtype):
 
 
 def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None,
-                       rope="auto"):
+                       rope="auto", fuse_qkv=False):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -225,11 +315,17 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     instead of `attention` where given: mlx-lm's RoPE leaves q in that storage and o_proj reads o
     that way, so neither is copied (`attention` makes q contiguous in [B, H, L, D] and o is
     transposed back: two copies of a query-sized array per call).
-    `rope`: where `lhd` runs, q and k of an admitted prompt chunk are rotated by
-    `rope(q [B, L, H, D], k [B, L, Hkv, D], module.rope) -> (q [B, L, H, D], k [B, Hkv, L, D])` (or
-    None: stock's RoPE) instead of stock's RoPE on transposed views; "auto" (default) is the fused
-    RoPE kernel on MLX's CUDA back-end (mlx-lm's `nn.RoPE`, f16) and stock's RoPE elsewhere, None
-    is always stock's. `unpatch.rope` counts the calls it rotated ({"fused": n})."""
+    `rope`: where `lhd` runs, q and k of an admitted prompt chunk are rotated (and v moved to the
+    cache's order) by `rope(q [B, L, H, D], k [B, L, Hkv, D], v [B, L, Hkv, D], module.rope) ->
+    (q [B, L, H, D], k [B, Hkv, L, D], v [B, Hkv, L, D])` (or None: stock's RoPE and transpose)
+    instead of stock's RoPE on transposed views; "auto" (default) is the fused RoPE kernel on MLX's
+    CUDA back-end (mlx-lm's `nn.RoPE`, f16, head size a multiple of 8) and stock's RoPE elsewhere,
+    None is always stock's. `unpatch.rope` counts the calls it rotated ({"fused": n}).
+    `fuse_qkv`: where the fused RoPE ("auto") runs, the q, k and v projections are one matmul with
+    their weights stacked (kept on each Attention module beside its parameters: the memory of the
+    three weights once more, 20% of a 1 B Llama's) and the RoPE kernel reads its output;
+    projections other than bias-free nn.Linear keep stock's three. `unpatch.qkv` counts the calls
+    ({"fused": n})."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
     if attention is None:
         attention = d_attention
@@ -271,6 +367,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     stats = {"kernel": 0, "stock": 0}
     reasons = {}
     rope_stats = {"fused": 0}
+    qkv_stats = {"fused": 0}
 
     # What `admits` said per shape: it evaluates the kernel's constraints and builds in Python
     # (~0.1 ms), once per layer and call otherwise, which a prefill of 16 layers notices.
@@ -306,19 +403,28 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
             return stock_call("scale", self, x, mask, cache)
 
         # stock's arithmetic (mlx-lm 0.32 llama.Attention.__call__) up to the attention
-        queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         rotated = None
-        if rope is not None:
-            rotated = rope(queries.reshape(B, L, self.n_heads, -1), keys.reshape(B, L, self.n_kv_heads, -1), self.rope)
-        values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if fuse_qkv and rope is _llama_rope_cuda:
+            w = _llama_qkv_weight(self)
+            if w is not None:
+                qkv = (x @ w.T).reshape(B, L, self.n_heads + 2 * self.n_kv_heads, -1)
+                rotated = _llama_rope_cuda_qkv(qkv, self.n_heads, self.n_kv_heads, self.rope)
+                if rotated is not None:
+                    qkv_stats["fused"] += 1
+        if rotated is None:
+            queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            if rope is not None:
+                rotated = rope(queries.reshape(B, L, self.n_heads, -1), keys.reshape(B, L, self.n_kv_heads, -1),
+                               values.reshape(B, L, self.n_kv_heads, -1), self.rope)
         if rotated is not None:
-            # q in [B, L, H, D] storage (viewed as [B, H, L, D]), k in [B, Hkv, L, D], as stock's
-            # RoPE would give them (the cache offset is 0 here)
+            # q in [B, L, H, D] storage (viewed as [B, H, L, D]), k and v in [B, Hkv, L, D], as
+            # stock's RoPE and transpose would give them (the cache offset is 0 here)
             rope_stats["fused"] += 1
-            queries, keys = rotated[0].transpose(0, 2, 1, 3), rotated[1]
+            queries, keys, values = rotated[0].transpose(0, 2, 1, 3), rotated[1], rotated[2]
             if cache is not None:
                 keys, values = cache.update_and_fetch(keys, values)
         else:
+            values = values.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
             queries = queries.reshape(B, L, self.n_heads, -1).transpose(0, 2, 1, 3)
             keys = keys.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
             if cache is not None:
@@ -395,6 +501,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.min_len = min_len
     unpatch.lhd = lhd is not None
     unpatch.rope = rope_stats
+    unpatch.qkv = qkv_stats
     unpatch.choices = choices
     unpatch.admitted = admitted
     return unpatch

@@ -417,23 +417,23 @@ def test_exported_module_uses_its_qo_lhd_build_where_its_source_has_one():
     assert built == [{"HD": 64, "QO_LHD": 1}]  # one build for the shape class, with the switch
 
 
-def rope_reference(q, k, rope):
+def rope_reference(q, k, v, rope):
     """The fused RoPE kernel's arithmetic (export_llama._LLAMA_ROPE_BODY) in MLX ops: element d of
-    a row turns with d + D / 2 by l * scale * 2^(-d log2(base) / (D / 2)); q stays in [B, L, H, D],
-    k goes to [B, Hkv, L, D]."""
-    if not export_llama._llama_rope_fits(rope, q, k):
+    a row turns with d + D / 2 by scale * l * 2^(-(d / (D / 2)) log2(base)); q stays in
+    [B, L, H, D], k and v go to [B, Hkv, L, D] (v unchanged)."""
+    if not export_llama._llama_rope_fits(rope, q, k, v):
         return None
     D, L = q.shape[-1], q.shape[1]
     d = mx.arange(D // 2, dtype=mx.float32)
-    inv = mx.power(2.0, -d * math.log2(float(rope.base)) / (D // 2))
-    ang = (mx.arange(L, dtype=mx.float32) * float(rope.scale))[:, None] * inv[None, :]  # [L, D/2]
+    inv = mx.power(2.0, -(d / (D // 2)) * math.log2(float(rope.base)))
+    ang = (float(rope.scale) * mx.arange(L, dtype=mx.float32))[:, None] * inv[None, :]  # [L, D/2]
     c, s = mx.cos(ang)[None, :, None, :], mx.sin(ang)[None, :, None, :]
 
     def turn(x):
         x1, x2 = x[..., : D // 2].astype(mx.float32), x[..., D // 2 :].astype(mx.float32)
         return mx.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).astype(x.dtype)
 
-    return turn(q), turn(k).transpose(0, 2, 1, 3)
+    return turn(q), turn(k).transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
 
 def test_the_fused_ropes_arithmetic_is_mlx_lms_rope():
@@ -446,16 +446,21 @@ def test_the_fused_ropes_arithmetic_is_mlx_lms_rope():
     rope = nn.RoPE(32, base=500000.0, scale=0.5)
     q = mx.random.normal((2, 40, 4, 32)).astype(mx.float16)
     k = mx.random.normal((2, 40, 2, 32)).astype(mx.float16)
-    qo, ko = rope_reference(q, k, rope)
+    v = mx.random.normal((2, 40, 2, 32)).astype(mx.float16)
+    qo, ko, vo = rope_reference(q, k, v, rope)
     want_q = rope(q.astype(mx.float32).transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
     want_k = rope(k.astype(mx.float32).transpose(0, 2, 1, 3))
-    assert ko.shape == (2, 2, 40, 32)
+    assert ko.shape == (2, 2, 40, 32) and vo.shape == (2, 2, 40, 32)
     assert_close(qo.astype(mx.float32), want_q, 2e-3, "q")
     assert_close(ko.astype(mx.float32), want_k, 2e-3, "k")
+    assert mx.array_equal(vo, v.transpose(0, 2, 1, 3)).item()
     # what the kernel does not compute, it declines
-    assert rope_reference(q, k, nn.RoPE(32, traditional=True)) is None
-    assert rope_reference(q, k, nn.RoPE(16)) is None
-    assert rope_reference(q.astype(mx.float32), k.astype(mx.float32), rope) is None
+    assert rope_reference(q, k, v, nn.RoPE(32, traditional=True)) is None
+    assert rope_reference(q, k, v, nn.RoPE(16)) is None
+    assert rope_reference(q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32), rope) is None
+    assert rope_reference(q, k, v.astype(mx.float32), rope) is None
+    q12 = mx.zeros((1, 4, 2, 12), dtype=mx.float16)
+    assert rope_reference(q12, q12, q12, nn.RoPE(12)) is None  # head size not a multiple of 8
 
 
 def test_a_fused_rope_rotates_q_and_k_of_the_kernel_path_only():
@@ -466,9 +471,9 @@ def test_a_fused_rope_rotates_q_and_k_of_the_kernel_path_only():
     mx.eval(m(ids, cache=ref_cache))
     lhd_calls, rope_calls = [], []
 
-    def rope(q, k, module):
-        rope_calls.append((q.shape, k.shape))
-        return rope_reference(q, k, module)
+    def rope(q, k, v, module):
+        rope_calls.append((q.shape, k.shape, v.shape))
+        return rope_reference(q, k, v, module)
 
     unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd(lhd_calls),
                                               rope=rope)
@@ -483,7 +488,7 @@ def test_a_fused_rope_rotates_q_and_k_of_the_kernel_path_only():
     unpatch()
     # prefill of both layers (twice), decode stock with stock's RoPE
     assert unpatch.rope == {"fused": 4} and len(rope_calls) == 4, unpatch.rope
-    assert rope_calls[0] == ((2, 24, 4, 32), (2, 24, 2, 32))
+    assert rope_calls[0] == ((2, 24, 4, 32), (2, 24, 2, 32), (2, 24, 2, 32))
     assert unpatch.stats == {"kernel": 4, "stock": 4}, unpatch.stats
     # without an lhd path the fused RoPE is not used (it writes q in [B, L, H, D])
     unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=None, rope=rope)
@@ -496,3 +501,46 @@ def test_a_fused_rope_rotates_q_and_k_of_the_kernel_path_only():
         export_llama.patch_mlx_lm_llama(standin([]), rope=3)
     # "auto" on MLX's CPU back-end: stock's RoPE
     assert export_llama._llama_rope_default() is None or mx.default_device() == mx.gpu
+
+
+def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
+    """fuse_qkv: one matmul over the stacked weights, its [B, L, H + 2 Hkv, D] output handed to the
+    fused RoPE (here its arithmetic in MLX ops in place of the CUDA launch), logits and cache as
+    stock's; the stacked weight is no parameter of the model and follows a replaced weight."""
+    from mlx.utils import tree_flatten
+
+    m = tiny_llama(mx.float16)
+    ids = mx.random.randint(0, 101, (2, 24))
+    ref = prefill_and_decode(m, ids, 2)
+    given = []
+
+    def qkv_reference(qkv, H, Hkv, rope, offset=0):
+        given.append(qkv.shape)
+        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], rope)
+
+    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
+    n_params = len(tree_flatten(m.parameters()))
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
+                                              rope=export_llama._llama_rope_cuda, fuse_qkv=True)
+    for i, (a, b) in enumerate(zip(prefill_and_decode(m, ids, 2), ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"call {i}")
+    assert unpatch.qkv == {"fused": 2} and unpatch.rope == {"fused": 2}, (unpatch.qkv, unpatch.rope)
+    assert given[0] == (2, 24, 4 + 2 * 2, 32)
+    assert len(tree_flatten(m.parameters())) == n_params  # the stacked weight is not a parameter
+    attn = m.model.layers[0].self_attn
+    w0 = export_llama._llama_qkv_weight(attn)
+    assert export_llama._llama_qkv_weight(attn) is w0  # kept
+    # a replaced weight (fine-tuning, loading) is stacked again, and the output follows it
+    attn.q_proj.weight = attn.q_proj.weight * 2
+    w1 = export_llama._llama_qkv_weight(attn)
+    assert w1 is not w0 and mx.array_equal(w1[: attn.q_proj.weight.shape[0]], attn.q_proj.weight).item()
+    unpatch()
+    # projections it cannot stack keep stock's three: quantised, with a bias
+    import mlx.nn as nn
+
+    q = tiny_llama(mx.float16)
+    nn.quantize(q, group_size=32, bits=4)
+    assert export_llama._llama_qkv_weight(q.model.layers[0].self_attn) is None
+    b = tiny_llama(mx.float16)
+    b.model.layers[0].self_attn.k_proj = nn.Linear(128, 64, bias=True)
+    assert export_llama._llama_qkv_weight(b.model.layers[0].self_attn) is None

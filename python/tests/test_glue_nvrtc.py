@@ -29,7 +29,8 @@ DTYPES = {
     "ks_glue_dt_step": {"dbc": "__half", "wdt": "__half", "bdt": "__half", "xa": "__half", "A": "float",
                         "Dv": "float", "s0": "float", "xz": "__half", "yg": "__half", "s1": "float"},
     # export_llama.py's fused RoPE (int32 is `int`, as crates/eval/src/mlx_cuda.rs wraps it)
-    "ks_llama_rope": {"q": "__half", "k": "__half", "dims": "int", "p": "float", "qo": "__half", "ko": "__half"},
+    "ks_llama_rope": {"q": "__half", "k": "__half", "v": "__half", "dims": "int", "p": "float", "qo": "__half",
+                      "ko": "__half", "vo": "__half"},
 }
 
 
@@ -130,11 +131,14 @@ def rope_body():
     return ns["_LLAMA_ROPE_BODY"]
 
 
+@pytest.mark.parametrize("qkv", [0, 1])
 @pytest.mark.parametrize("D", [64, 96, 128])
-def test_the_llama_patchs_fused_rope_compiles(nvrtc, D):
-    """export_llama.py's RoPE kernel (mx.fast.cuda_kernel: q, k, dims, p -> qo, ko; template D)."""
-    rc, log = compile_src(nvrtc, wrap("ks_llama_rope", ["q", "k", "dims", "p"], ["qo", "ko"], rope_body(), dict(D=D)))
-    assert rc == 0, f"D={D}: NVRTC failed:\n{log}"
+def test_the_llama_patchs_fused_rope_compiles(nvrtc, D, qkv):
+    """export_llama.py's RoPE kernel (mx.fast.cuda_kernel: q, k, v, dims, p -> qo, ko, vo; template
+    D and QKV)."""
+    rc, log = compile_src(nvrtc, wrap("ks_llama_rope", ["q", "k", "v", "dims", "p"], ["qo", "ko", "vo"], rope_body(),
+                                      dict(D=D, QKV=qkv)))
+    assert rc == 0, f"D={D} QKV={qkv}: NVRTC failed:\n{log}"
     assert "warning" not in log.lower(), log
 
 
