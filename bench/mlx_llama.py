@@ -23,7 +23,7 @@ class):
   source has the switch, KS_LLAMA_LHD=0 to keep the [B, H, L, D] build; with it, q and k rotated by
   the patch's fused RoPE on MLX's CUDA back-end, KS_LLAMA_ROPE=0 for stock's RoPE), kernel against
   mx.fast.scaled_dot_product_attention for a few L (KS_LLAMA_QKV=1: the patch's fuse_qkv, the q, k and
-  v projections one matmul),
+  v projections one matmul; KS_LLAMA_COMPILE=0: its compile=False),
   median of --reps; "suggested min_len": the shortest L from which the kernel won at every longer
   L measured (none: keep stock);
 - prefill tok/s at L = 2048 and 4096: the backbone over the prompt with a fresh KV cache, then the
@@ -460,7 +460,8 @@ def main():
         attention, admits = standin_attention() if standin else kernel_attention()
         unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose=a.choose,
                                                   rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto",
-                                                  fuse_qkv=os.environ.get("KS_LLAMA_QKV") == "1")
+                                                  fuse_qkv=os.environ.get("KS_LLAMA_QKV") == "1",
+                                              compile=os.environ.get("KS_LLAMA_COMPILE") != "0")
     tg = Toggle(unpatch)
     model, args = make_model(cfg, mx.float16)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))

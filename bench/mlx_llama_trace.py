@@ -6,7 +6,7 @@ prefill per mode after two untimed ones.
 
     PYTHONPATH=python KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama_trace.py --lens 2048,4096
     (KS_LLAMA_ROPE=0: the patch keeps stock's RoPE instead of its fused one; KS_LLAMA_QKV=1: its
-    fuse_qkv, one matmul for the q, k and v projections)
+    fuse_qkv, one matmul for the q, k and v projections; KS_LLAMA_COMPILE=0: its compile=False)
 
 Per mode and L: the span from the first kernel's start to the last kernel's end, the sum of kernel
 times, the idle time between kernels (gaps, and how many exceed 10 us), and the kernels with the
@@ -64,11 +64,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lens", default="2048,4096")
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--profile", type=int, default=0,
+                    help="then build each mode's lazy graph this many times (no evaluation): the host time per "
+                         "build, and the patched mode's Python profile (cProfile, by own time)")
     a = ap.parse_args()
     attention, admits = ml.kernel_attention()
     unpatch = export_llama.patch_mlx_lm_llama(attention, admits=admits, dtypes=(mx.float16,), choose="always",
                                               rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto",
-                                              fuse_qkv=os.environ.get("KS_LLAMA_QKV") == "1")
+                                              fuse_qkv=os.environ.get("KS_LLAMA_QKV") == "1",
+                                              compile=os.environ.get("KS_LLAMA_COMPILE") != "0")
     tg = ml.Toggle(unpatch)
     model, _ = ml.make_model(ml.FULL, mx.float16)
     vocab = ml.FULL["vocab_size"]
@@ -92,7 +96,36 @@ def main():
             print(f"== L={L} {mode}" + ("" if evs else ": no GPU events recorded"), flush=True)
             if evs:
                 print(summary(evs, a.top), flush=True)
+        if a.profile:
+            profile_graph(run, tg, a.profile, L)
         tg.off()
+
+
+def profile_graph(run, tg, n, L):
+    """Host time of building one prefill's lazy graph per mode (median of n), and where the
+    patched mode's goes (cProfile)."""
+    import cProfile
+    import pstats
+    import statistics
+    import time
+
+    for mode in ("stock", "patched"):
+        (tg.on if mode == "patched" else tg.off)()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            out = run()
+            times.append(time.perf_counter() - t0)
+            del out
+        print(f"== L={L} {mode}: graph building {statistics.median(times) * 1e3:.3f} ms (median of {n})", flush=True)
+    tg.on()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        run()
+    pr.disable()
+    print(f"== L={L} patched: cProfile of {n} graph builds, by own time", flush=True)
+    pstats.Stats(pr, stream=sys.stdout).sort_stats("tottime").print_stats(30)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,10 @@ LLAMA_MIN_LEN = 128
 # times stock's. On the H200 (2026-12-04, bench/h200-2026-12-04-mlx-scan-llama.txt) one round of
 # 3 calls each took a kernel that is 0.73x of SDPA at L = 2048 for faster, and the prefill ran
 # 0.82x stock: a default keeps stock unless the kernel is measurably faster.
+# Shapes (B, L, ...) the patch's compiled stretches may be traced for; MLX keeps each trace for the
+# process's life, so a server meeting many prompt lengths stops compiling new ones after these.
+LLAMA_COMPILE_SHAPES = 64
+
 LLAMA_TIMING_REPS = 3
 LLAMA_TIMING_ROUNDS = 3
 LLAMA_MARGIN = 0.95
@@ -110,6 +114,21 @@ for (int r = threadIdx.x / T; r < rows; r += blockDim.x / T) {
 _llama_rope_kernels = {}
 
 
+class _LlamaRopeArgs:
+    """What the fused RoPE reads of mlx-lm's nn.RoPE (base and scale), checked beforehand."""
+
+    def __init__(self, base, scale):
+        self.base, self.scale = base, scale
+
+
+def _llama_rope_fits_shape(rope, D, *dtypes):
+    """Whether the fused RoPE computes what `rope` would for head size D and these dtypes."""
+    import mlx.nn as nn
+
+    return (type(rope) is nn.RoPE and not rope.traditional and rope.dims == D and D % 8 == 0
+            and all(t == mx.float16 for t in dtypes))
+
+
 def _llama_rope_fits(rope, q, k, v):
     """Whether the fused RoPE computes what `rope` (mlx-lm's module) would on q and k (and moves v)."""
     import mlx.nn as nn
@@ -169,7 +188,7 @@ def _llama_rope_cuda_qkv(qkv, H, Hkv, rope, offset=0):
     """As _llama_rope_cuda, from the fused projection qkv [B, L, H + 2 Hkv, D] (q's heads, then
     k's, then v's)."""
     B, L, R, D = qkv.shape
-    if R != H + 2 * Hkv or not _llama_rope_fits(rope, qkv, qkv, qkv):
+    if R != H + 2 * Hkv or not (isinstance(rope, _LlamaRopeArgs) or _llama_rope_fits(rope, qkv, qkv, qkv)):
         return None
     return _llama_rope_launch(_llama_rope_kernel(), qkv, qkv, qkv, _llama_rope_args_for(B, L, H, Hkv, offset, rope), 1,
                               B, L, H, Hkv, D)
@@ -278,7 +297,7 @@ def _llama_shape_class(axes, dtype):
 
 
 def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None,
-                       rope="auto", fuse_qkv=False):
+                       rope="auto", fuse_qkv=False, compile=True):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -325,7 +344,11 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     their weights stacked (kept on each Attention module beside its parameters: the memory of the
     three weights once more, 20% of a 1 B Llama's) and the RoPE kernel reads its output;
     projections other than bias-free nn.Linear keep stock's three. `unpatch.qkv` counts the calls
-    ({"fused": n})."""
+    ({"fused": n}).
+    `compile`: the kernel path's array code (the stacked projection with the fused RoPE; the lhd
+    attention) runs through mx.compile, traced once per shape for every layer (up to
+    LLAMA_COMPILE_SHAPES shapes, then uncompiled), so that building a prefill's graph costs less
+    host time than stock's instead of more."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
     if attention is None:
         attention = d_attention
@@ -382,6 +405,36 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
             ok = admitted[k] = bool(admits(axes))
         return ok
 
+    # The kernel path's two stretches of pure array code, compiled (mx.compile, one trace per
+    # shape: the same for every layer, the weights being inputs) where `compile`: front, the
+    # projections stacked into one matmul and the fused RoPE; back, the attention kernel up to
+    # o_proj's input. Building a prefill's lazy graph in Python (the GPU idle meanwhile) took 1.7
+    # ms for stock and 3.1 ms for the uncompiled patch at L = 4096 on the H200 (16 layers,
+    # 2026-12-04, bench/h200-2026-12-04-llama-v2.txt): a tenth of the prefill.
+    def front(x, w, H, Hkv, base, scale):
+        B, L, _ = x.shape
+        qkv = (x @ w.T).reshape(B, L, H + 2 * Hkv, -1)
+        return _llama_rope_cuda_qkv(qkv, H, Hkv, _LlamaRopeArgs(base, scale))
+
+    def back(q, k, v, causal):
+        B, L = q.shape[:2]
+        o = lhd(q, k, v, causal=causal).reshape(B, L, -1)
+        return o if o.dtype == q.dtype else o.astype(q.dtype)
+
+    front_c, back_c = (mx.compile(front), mx.compile(back)) if compile else (None, None)
+    compiled_sigs = set()
+
+    def _compiled_for(sig, fn_c, fn):
+        """The compiled function for a signature it may trace (LLAMA_COMPILE_SHAPES of them: MLX
+        keeps every trace for the process's life), else the plain one."""
+        if fn_c is None:
+            return fn
+        if sig not in compiled_sigs:
+            if len(compiled_sigs) >= LLAMA_COMPILE_SHAPES:
+                return fn
+            compiled_sigs.add(sig)
+        return fn_c
+
     def stock_call(reason, self, x, mask, cache):
         stats["stock"] += 1
         reasons[reason] = reasons.get(reason, 0) + 1
@@ -406,11 +459,11 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         rotated = None
         if fuse_qkv and rope is _llama_rope_cuda:
             w = _llama_qkv_weight(self)
-            if w is not None:
-                qkv = (x @ w.T).reshape(B, L, self.n_heads + 2 * self.n_kv_heads, -1)
-                rotated = _llama_rope_cuda_qkv(qkv, self.n_heads, self.n_kv_heads, self.rope)
-                if rotated is not None:
-                    qkv_stats["fused"] += 1
+            if w is not None and _llama_rope_fits_shape(self.rope, self.head_dim, x.dtype, w.dtype):
+                H, Hkv, r = self.n_heads, self.n_kv_heads, self.rope
+                sig = ("front", B, L, x.shape[2], H, Hkv, self.head_dim, str(x.dtype), float(r.base), float(r.scale))
+                rotated = _compiled_for(sig, front_c, front)(x, w, H, Hkv, r.base, r.scale)
+                qkv_stats["fused"] += 1
         if rotated is None:
             queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
             if rope is not None:
@@ -459,7 +512,8 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
 
         def kernel_out():
             if lhd is not None:
-                o = lhd(queries.transpose(0, 2, 1, 3), keys, values, causal=causal).reshape(B, L, -1)
+                sig = ("back", B, L, axes["H"], axes["Hkv"], axes["D"], causal, str(queries.dtype))
+                o = _compiled_for(sig, back_c, back)(queries.transpose(0, 2, 1, 3), keys, values, causal)
             else:
                 o = attention(queries, keys, values, causal=causal).transpose(0, 2, 1, 3).reshape(B, L, -1)
             return o if o.dtype == queries.dtype else o.astype(queries.dtype)

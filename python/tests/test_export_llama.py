@@ -384,7 +384,8 @@ def test_an_lhd_kernel_reads_q_and_writes_o_in_mlx_lms_order(via):
         assert_close(a, b, TOL[mx.float16], what=f"call {i}")
     # Both layers' prefill through `lhd`, q in [B, L, H, D]; `attention` never called.
     assert unpatch.lhd and unpatch.stats == {"kernel": 2, "stock": 4}, unpatch.stats
-    assert [c["q"] for c in lhd_calls] == [(2, 24, 4, 32)] * 2 and [c["k"] for c in lhd_calls] == [(2, 2, 24, 32)] * 2
+    # (compiled: traced once for both layers)
+    assert [c["q"] for c in lhd_calls] == [(2, 24, 4, 32)] and [c["k"] for c in lhd_calls] == [(2, 2, 24, 32)]
     assert calls == []
     with pytest.raises(TypeError):
         export_llama.patch_mlx_lm_llama(attention, lhd=3)
@@ -507,6 +508,7 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     """fuse_qkv: one matmul over the stacked weights, its [B, L, H + 2 Hkv, D] output handed to the
     fused RoPE (here its arithmetic in MLX ops in place of the CUDA launch), logits and cache as
     stock's; the stacked weight is no parameter of the model and follows a replaced weight."""
+    import mlx.nn as nn
     from mlx.utils import tree_flatten
 
     m = tiny_llama(mx.float16)
@@ -516,7 +518,8 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
 
     def qkv_reference(qkv, H, Hkv, rope, offset=0):
         given.append(qkv.shape)
-        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], rope)
+        module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
+        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module)
 
     monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
     n_params = len(tree_flatten(m.parameters()))
@@ -525,7 +528,10 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     for i, (a, b) in enumerate(zip(prefill_and_decode(m, ids, 2), ref)):
         assert_close(a, b, TOL[mx.float16], what=f"call {i}")
     assert unpatch.qkv == {"fused": 2} and unpatch.rope == {"fused": 2}, (unpatch.qkv, unpatch.rope)
-    assert given[0] == (2, 24, 4 + 2 * 2, 32)
+    # compiled: traced once for both layers (the weights are inputs of the trace)
+    assert given == [(2, 24, 4 + 2 * 2, 32)]
+    mx.eval(m(ids, cache=mlx_cache.make_prompt_cache(m)))
+    assert len(given) == 1 and unpatch.qkv == {"fused": 4}
     assert len(tree_flatten(m.parameters())) == n_params  # the stacked weight is not a parameter
     attn = m.model.layers[0].self_attn
     w0 = export_llama._llama_qkv_weight(attn)
@@ -535,9 +541,15 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     w1 = export_llama._llama_qkv_weight(attn)
     assert w1 is not w0 and mx.array_equal(w1[: attn.q_proj.weight.shape[0]], attn.q_proj.weight).item()
     unpatch()
+    # uncompiled: the Python runs per layer, with the same logits
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
+                                              rope=export_llama._llama_rope_cuda, fuse_qkv=True, compile=False)
+    attn.q_proj.weight = attn.q_proj.weight / 2
+    for i, (a, b) in enumerate(zip(prefill_and_decode(m, ids, 2), ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"uncompiled call {i}")
+    unpatch()
+    assert len(given) == 1 + 2
     # projections it cannot stack keep stock's three: quantised, with a bias
-    import mlx.nn as nn
-
     q = tiny_llama(mx.float16)
     nn.quantize(q, group_size=32, bits=4)
     assert export_llama._llama_qkv_weight(q.model.layers[0].self_attn) is None
