@@ -22,15 +22,15 @@ class):
   copied pays for it; the kernel's QO_LHD build, which reads and writes mlx-lm's order, where its
   source has the switch, KS_LLAMA_LHD=0 to keep the [B, H, L, D] build; with it, q and k rotated by
   the patch's fused RoPE on MLX's CUDA back-end, KS_LLAMA_ROPE=0 for stock's RoPE), kernel against
-  mx.fast.scaled_dot_product_attention for a few L (KS_LLAMA_QKV=1: the patch's fuse_qkv, the q, k and
-  v projections one matmul; KS_LLAMA_COMPILE=0: its compile=False),
+  mx.fast.scaled_dot_product_attention for a few L (KS_LLAMA_QKV=0: without the patch's fuse_qkv, the q,
+  k and v projections one matmul; KS_LLAMA_COMPILE=0: its compile=False),
   median of --reps; "suggested min_len": the shortest L from which the kernel won at every longer
   L measured (none: keep stock);
 - prefill tok/s at L = 2048 and 4096: the backbone over the prompt with a fresh KV cache, then the
   head on the last position (what generation needs), median of --reps; with the host time spent
   building each mode's lazy graph (Python, before the GPU starts), median;
 - decode tok/s after a --prompt token prompt: a synchronous loop (model, argmax, eval per token) and
-  mlx-lm's generate_step (greedy), --decode tokens each, median of 3;
+  mlx-lm's generate_step (greedy), --decode tokens each, median of 5, stock and patched interleaved;
 - logits of the whole prompt at L = 2048 and 4096 (one forward, no cache): patched against stock,
   and both against the same model in f32 (stock attention); max rel = max|a - b| / max|b|;
   "bad" counts elements beyond f16 tolerance (atol 1e-2 + rtol 1e-2 * |b|); top-1 agreement.
@@ -363,7 +363,7 @@ def decode_generate(model, prompt, n):
     return count / (time.perf_counter() - t_first)
 
 
-def bench_decode(model, tg, prompt_len, n, vocab, reps=3):
+def bench_decode(model, tg, prompt_len, n, vocab, reps=5):
     prompt = mx.random.randint(0, vocab, (prompt_len,), key=mx.random.key(7))
     rows = []
     for name, fn in (("sync loop", decode_sync), ("generate_step", decode_generate)):
@@ -423,7 +423,7 @@ def main():
     ap.add_argument("--min-len", type=int, default=None,
                     help=f"patch_mlx_lm_llama's min_len (default {export_llama.LLAMA_MIN_LEN}, the module's; tiny 64)")
     ap.add_argument("--reps", type=int, default=5, help="repetitions of prefill and attention timings")
-    ap.add_argument("--decode", type=int, default=None, help="tokens per decode measurement (64; tiny 8)")
+    ap.add_argument("--decode", type=int, default=None, help="tokens per decode measurement (128; tiny 8)")
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens before decode (1024; tiny 64)")
     ap.add_argument("--budget", type=float, default=170.0, help="seconds; phases that would start past it are skipped")
     ap.add_argument("--no-f32", action="store_true", help="skip the f32 reference logits")
@@ -435,7 +435,7 @@ def main():
     cfg = TINY if a.tiny else FULL
     prefill_lens = (128, 256) if a.tiny else (2048, 4096)
     attn_lens = (32, 64, 128, 256) if a.tiny else (512, 1024, 2048, 4096)
-    n_decode = a.decode or (8 if a.tiny else 64)
+    n_decode = a.decode or (8 if a.tiny else 128)
     prompt_len = a.prompt or (64 if a.tiny else 1024)
     min_len = a.min_len or (64 if a.tiny else export_llama.LLAMA_MIN_LEN)
     cpu = mx.default_device() == mx.cpu
@@ -460,7 +460,7 @@ def main():
         attention, admits = standin_attention() if standin else kernel_attention()
         unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose=a.choose,
                                                   rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto",
-                                                  fuse_qkv=os.environ.get("KS_LLAMA_QKV") == "1",
+                                                  fuse_qkv=os.environ.get("KS_LLAMA_QKV") != "0",
                                               compile=os.environ.get("KS_LLAMA_COMPILE") != "0")
     tg = Toggle(unpatch)
     model, args = make_model(cfg, mx.float16)

@@ -196,20 +196,26 @@ def _llama_rope_cuda_qkv(qkv, H, Hkv, rope, offset=0):
 
 def _llama_qkv_weight(attn):
     """The q, k and v projections' weights of mlx-lm's Attention `attn` stacked into one
-    [(H + 2 Hkv) D, hidden] matrix (made on first use and kept on the module, outside its
-    parameters; made again when a projection's weight is replaced), or None where they are not
-    plain bias-free nn.Linear layers (quantised, LoRA, with bias: stock's three projections)."""
+    [(H + 2 Hkv) D, hidden] matrix, or None where they are not plain bias-free nn.Linear layers
+    (quantised, LoRA, with bias: stock's three projections). Made on first use; the three
+    projections' weights then become views of its rows (same values, no second copy in memory: the
+    model's parameters are re-pointed, not duplicated), and it is made again when one of them is
+    replaced (loading, fine-tuning)."""
+    q, k, v = attn["q_proj"], attn["k_proj"], attn["v_proj"]  # dict access: Module.__getattr__ is slow
+    got = attn.__dict__.get("_ks_qkv")
+    if got is not None and got[0][0] is q.get("weight") and got[0][1] is k.get("weight") and got[0][2] is v.get("weight"):
+        return got[1]
     import mlx.nn as nn
 
-    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    if any(type(p) is not nn.Linear or "bias" in p for p in projs):
+    if any(type(p) is not nn.Linear or "bias" in p for p in (q, k, v)):
         return None
-    ws = tuple(p.weight for p in projs)
-    got = attn.__dict__.get("_ks_qkv")
-    if got is None or any(a is not b for a, b in zip(got[0], ws)):
-        got = (ws, mx.concatenate(ws, axis=0))
-        object.__setattr__(attn, "_ks_qkv", got)  # not Module.__setattr__: no parameter of the model
-    return got[1]
+    ws = (q["weight"], k["weight"], v["weight"])
+    w = mx.concatenate(ws, axis=0)
+    a, b = ws[0].shape[0], ws[0].shape[0] + ws[1].shape[0]
+    views = (w[:a], w[a:b], w[b:])
+    q["weight"], k["weight"], v["weight"] = views
+    object.__setattr__(attn, "_ks_qkv", (views, w))  # not Module.__setattr__: no parameter of the model
+    return w
 
 
 def _llama_rope_default():
@@ -297,7 +303,7 @@ def _llama_shape_class(axes, dtype):
 
 
 def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None,
-                       rope="auto", fuse_qkv=False, compile=True):
+                       rope="auto", fuse_qkv=True, compile=True):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -341,10 +347,11 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     CUDA back-end (mlx-lm's `nn.RoPE`, f16, head size a multiple of 8) and stock's RoPE elsewhere,
     None is always stock's. `unpatch.rope` counts the calls it rotated ({"fused": n}).
     `fuse_qkv`: where the fused RoPE ("auto") runs, the q, k and v projections are one matmul with
-    their weights stacked (kept on each Attention module beside its parameters: the memory of the
-    three weights once more, 20% of a 1 B Llama's) and the RoPE kernel reads its output;
-    projections other than bias-free nn.Linear keep stock's three. `unpatch.qkv` counts the calls
-    ({"fused": n}).
+    their weights stacked and the RoPE kernel reads its output (default True). The stacked weight
+    is made on a layer's first kernel-path call and kept on its Attention module; the three
+    projections' weights become views of its rows (the same values, no second copy: the model's
+    parameters are re-pointed and stay so after unpatch). Projections other than bias-free
+    nn.Linear keep stock's three. `unpatch.qkv` counts the calls ({"fused": n}).
     `compile`: the kernel path's array code (the stacked projection with the fused RoPE; the lhd
     attention) runs through mx.compile, traced once per shape for every layer (up to
     LLAMA_COMPILE_SHAPES shapes, then uncompiled), so that building a prefill's graph costs less

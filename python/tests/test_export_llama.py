@@ -505,9 +505,10 @@ def test_a_fused_rope_rotates_q_and_k_of_the_kernel_path_only():
 
 
 def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
-    """fuse_qkv: one matmul over the stacked weights, its [B, L, H + 2 Hkv, D] output handed to the
-    fused RoPE (here its arithmetic in MLX ops in place of the CUDA launch), logits and cache as
-    stock's; the stacked weight is no parameter of the model and follows a replaced weight."""
+    """fuse_qkv (default): one matmul over the stacked weights, its [B, L, H + 2 Hkv, D] output
+    handed to the fused RoPE (here its arithmetic in MLX ops in place of the CUDA launch), logits
+    and cache as stock's; the stacked weight is no parameter of the model, the projections'
+    weights become its rows, and it follows a replaced weight."""
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
@@ -523,8 +524,9 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
 
     monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
     n_params = len(tree_flatten(m.parameters()))
+    m0_q = m.model.layers[0].self_attn.q_proj.weight
     unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
-                                              rope=export_llama._llama_rope_cuda, fuse_qkv=True)
+                                              rope=export_llama._llama_rope_cuda)
     for i, (a, b) in enumerate(zip(prefill_and_decode(m, ids, 2), ref)):
         assert_close(a, b, TOL[mx.float16], what=f"call {i}")
     assert unpatch.qkv == {"fused": 2} and unpatch.rope == {"fused": 2}, (unpatch.qkv, unpatch.rope)
@@ -536,10 +538,14 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     attn = m.model.layers[0].self_attn
     w0 = export_llama._llama_qkv_weight(attn)
     assert export_llama._llama_qkv_weight(attn) is w0  # kept
+    # the projections' weights are its rows now, with their values
+    assert all(mx.array_equal(a, b).item() for a, b in zip(
+        (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight), mx.split(w0, [128, 192], axis=0)))
+    assert mx.array_equal(attn.q_proj.weight, m0_q).item()
     # a replaced weight (fine-tuning, loading) is stacked again, and the output follows it
     attn.q_proj.weight = attn.q_proj.weight * 2
     w1 = export_llama._llama_qkv_weight(attn)
-    assert w1 is not w0 and mx.array_equal(w1[: attn.q_proj.weight.shape[0]], attn.q_proj.weight).item()
+    assert w1 is not w0 and mx.array_equal(w1[:128], m0_q * 2).item()
     unpatch()
     # uncompiled: the Python runs per layer, with the same logits
     unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
