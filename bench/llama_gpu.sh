@@ -7,13 +7,14 @@
 #   2. bench/mlx_llama.py, the patch as by default: the fused RoPE checked and timed against
 #      stock's, attention alone, prefill (wall clock, with each mode's graph-building time),
 #      decode, logits;
-#   3. the same without fuse_qkv where RUN_NOQKV=1, uncompiled (KS_LLAMA_COMPILE=0) where
+#   3. the same with the patch's default choice (choose="measured") where RUN_MEASURED=1, without
+#      fuse_qkv where RUN_NOQKV=1, uncompiled (KS_LLAMA_COMPILE=0) where
 #      RUN_NOCOMPILE=1, without the fused RoPE (KS_LLAMA_ROPE=0) where RUN_NOROPE=1.
 # Here:   ../shared/tools/stage-mlx-cuda        (stages .mlx-a/ and .mlx-b/)
 # There:  call 1, carry [".mlx-a"]:  mkdir -p /tmp/mlx && cp .mlx-a/* /tmp/mlx/
 #         call 2, carry [".mlx-b"]:  cp .mlx-b/* /tmp/mlx/ && bash /tmp/mlx/install.sh && bash bench/llama_gpu.sh
 # Environment: KS_ATT_KERNEL (flash_ws), LENS (2048,4096), REPS (11), TOP (12), PROFILE (10 graph
-# builds profiled per trace), RUN_NOQKV (0), RUN_NOCOMPILE (0), RUN_NOROPE (0).
+# builds profiled per trace), RUN_MEASURED (0), RUN_NOQKV (0), RUN_NOCOMPILE (0), RUN_NOROPE (0).
 # Output in $OUT: llama_trace{,_noqkv}.txt, llama.txt, mlx_llama_default.json (and llama_noqkv.txt,
 # llama_nocompile.txt, llama_norope.txt, mlx_llama.json of the last).
 set -uo pipefail
@@ -30,6 +31,9 @@ python3 bench/mlx_llama_trace.py "${TR[@]}" 2>&1 | tee "$OUTDIR/llama_trace.txt"
 KS_LLAMA_QKV=0 python3 bench/mlx_llama_trace.py "${TR[@]}" 2>&1 | tee "$OUTDIR/llama_trace_noqkv.txt"
 python3 bench/mlx_llama.py --budget 150 --no-f32 --reps "$REPS" 2>&1 | tee "$OUTDIR/llama.txt"
 mv "$OUTDIR/mlx_llama.json" "$OUTDIR/mlx_llama_default.json"
+if [ "${RUN_MEASURED:-0}" = 1 ]; then
+  python3 bench/mlx_llama.py --budget 120 --no-f32 --reps "$REPS" --choose measured 2>&1 | tee "$OUTDIR/llama_measured.txt"
+fi
 if [ "${RUN_NOQKV:-0}" = 1 ]; then
   KS_LLAMA_QKV=0 python3 bench/mlx_llama.py --budget 120 --no-f32 --reps "$REPS" 2>&1 | tee "$OUTDIR/llama_noqkv.txt"
 fi

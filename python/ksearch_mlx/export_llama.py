@@ -34,13 +34,14 @@ LLAMA_MIN_LEN = 128
 # times stock's. On the H200 (2026-12-04, bench/h200-2026-12-04-mlx-scan-llama.txt) one round of
 # 3 calls each took a kernel that is 0.73x of SDPA at L = 2048 for faster, and the prefill ran
 # 0.82x stock: a default keeps stock unless the kernel is measurably faster.
+LLAMA_TIMING_REPS = 3
+LLAMA_TIMING_BATCH = 8
+LLAMA_TIMING_ROUNDS = 3
+LLAMA_MARGIN = 0.95
+
 # Shapes (B, L, ...) the patch's compiled stretches may be traced for; MLX keeps each trace for the
 # process's life, so a server meeting many prompt lengths stops compiling new ones after these.
 LLAMA_COMPILE_SHAPES = 64
-
-LLAMA_TIMING_REPS = 3
-LLAMA_TIMING_ROUNDS = 3
-LLAMA_MARGIN = 0.95
 
 
 # RoPE of the query and key projections, and the value projection's move to the cache's order, in
@@ -280,18 +281,25 @@ class _LlamaLhdBuilds:
 
 
 def _llama_time(label, fn, reps):
-    """Median seconds of `fn()` evaluated, after one warm-up (`label`: "kernel" or "stock", for
-    whoever replaces this function in a test)."""
+    """Median seconds per call of `fn()`, after one warm-up (`label`: "kernel" or "stock", for
+    whoever replaces this function in a test). Each of the `reps` timings evaluates a batch of calls
+    together (up to LLAMA_TIMING_BATCH, fewer where the outputs would pass 256 MB), as a prefill's
+    layers run: MLX's per-call host work then overlaps the GPU's as it does there, instead of
+    deciding alone (a lone synchronised call of the H200's attention kernel took 0.61 ms where the
+    GPU spent 0.26 ms on it, bench/h200-2026-12-04-llama-v2.txt)."""
     import time
 
-    mx.eval(fn())
+    first = fn()
+    mx.eval(first)
+    batch = max(1, min(LLAMA_TIMING_BATCH, (256 << 20) // max(1, first.nbytes)))
+    del first
     times = []
     for _ in range(reps):
         mx.synchronize()
         t0 = time.perf_counter()
-        mx.eval(fn())
+        mx.eval([fn() for _ in range(batch)])
         mx.synchronize()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / batch)
     times.sort()
     return times[len(times) // 2]
 
