@@ -14,7 +14,7 @@
 # There:  call 1, carry [".mlx-a"]:  mkdir -p /tmp/mlx && cp .mlx-a/* /tmp/mlx/
 #         call 2, carry [".mlx-b"]:  cp .mlx-b/* /tmp/mlx/ && bash /tmp/mlx/install.sh && bash bench/llama_gpu.sh
 # Environment: KS_ATT_KERNEL (flash_ws), LENS (2048,4096), REPS (11), TOP (12), PROFILE (10 graph
-# builds profiled per trace), RUN_MEASURED (0), RUN_NOQKV (0), RUN_NOCOMPILE (0), RUN_NOROPE (0).
+# builds profiled per trace), TRACE (1: step 1), RUN_MEASURED (0), RUN_NOQKV (0), RUN_NOCOMPILE (0), RUN_NOROPE (0).
 # Output in $OUT: llama_trace{,_noqkv}.txt, llama.txt, mlx_llama_default.json (and llama_noqkv.txt,
 # llama_nocompile.txt, llama_norope.txt, mlx_llama.json of the last).
 set -uo pipefail
@@ -27,8 +27,10 @@ REPS=${REPS:-11}
 date -u +"%F %T UTC" | tee "$OUTDIR/llama_date.txt"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader | tee -a "$OUTDIR/llama_date.txt"
 TR=(--lens "${LENS:-2048,4096}" --top "${TOP:-12}" --profile "${PROFILE:-10}")
-python3 bench/mlx_llama_trace.py "${TR[@]}" 2>&1 | tee "$OUTDIR/llama_trace.txt"
-KS_LLAMA_QKV=0 python3 bench/mlx_llama_trace.py "${TR[@]}" 2>&1 | tee "$OUTDIR/llama_trace_noqkv.txt"
+if [ "${TRACE:-1}" = 1 ]; then
+  python3 bench/mlx_llama_trace.py "${TR[@]}" 2>&1 | tee "$OUTDIR/llama_trace.txt"
+  KS_LLAMA_QKV=0 python3 bench/mlx_llama_trace.py "${TR[@]}" 2>&1 | tee "$OUTDIR/llama_trace_noqkv.txt"
+fi
 python3 bench/mlx_llama.py --budget 150 --no-f32 --reps "$REPS" 2>&1 | tee "$OUTDIR/llama.txt"
 mv "$OUTDIR/mlx_llama.json" "$OUTDIR/mlx_llama_default.json"
 if [ "${RUN_MEASURED:-0}" = 1 ]; then
