@@ -165,24 +165,19 @@ def module_patch(path):
 
 # ---- helpers --------------------------------------------------------------------------------------------
 class Toggle:
-    """The patch made once; on() / off() swap the classes' methods (Attention's and
-    TransformerBlock's), so the path counts accumulate."""
-
-    CLASSES = (llama.Attention, llama.TransformerBlock)
+    """The patch made once; on() / off() swap the class's method, so the path counts accumulate."""
 
     def __init__(self, unpatch):
         self.unpatch = unpatch
-        self.patched = [c.__dict__["__call__"] for c in self.CLASSES]
+        self.patched = llama.Attention.__dict__["__call__"]
         unpatch()
-        self.stock = [c.__dict__["__call__"] for c in self.CLASSES]
+        self.stock = llama.Attention.__dict__["__call__"]
 
     def on(self):
-        for c, f in zip(self.CLASSES, self.patched):
-            c.__call__ = f
+        llama.Attention.__call__ = self.patched
 
     def off(self):
-        for c, f in zip(self.CLASSES, self.stock):
-            c.__call__ = f
+        llama.Attention.__call__ = self.stock
 
 
 def timed(fn):
@@ -509,8 +504,7 @@ def main():
     res["logits"] = phase("logits", lambda: bench_logits(model, args, tg, prefill_lens, cfg["vocab_size"], not a.no_f32), 0.8) or []
     tg.off()
     res["paths"] = {"stats": dict(unpatch.stats), "reasons": dict(getattr(unpatch, "reasons", {})),
-                    "rope": dict(getattr(unpatch, "rope", {})), "qkv": dict(getattr(unpatch, "qkv", {})),
-                    "block": dict(getattr(unpatch, "block", {}))}
+                    "rope": dict(getattr(unpatch, "rope", {})), "qkv": dict(getattr(unpatch, "qkv", {}))}
     # attention's share of stock prefill: layers x SDPA time at that L / prefill time
     sdpa = {r["L"]: r["sdpa_ms"] for r in res["attention_alone"] if "sdpa_ms" in r}
     for r in res["prefill"]:
@@ -556,7 +550,7 @@ def main():
             s += f"; vs f32: patched max rel {q['max_rel']:.2e} bad {q['bad']}, stock max rel {t['max_rel']:.2e} bad {t['bad']}"
         lines.append(s)
     lines.append(f"paths: {res['paths']['stats']} stock reasons {res['paths']['reasons']} fused RoPE {res['paths']['rope']}"
-                 f" fused qkv {res['paths']['qkv']} block {res['paths']['block']}; {res['seconds']:.0f} s"
+                 f" fused qkv {res['paths']['qkv']}; {res['seconds']:.0f} s"
                  + (f"; skipped: {', '.join(res['skipped'])}" if res["skipped"] else "")
                  + (f"; errors in {', '.join(e['phase'] for e in res['errors'])}" if res["errors"] else ""))
     print("\n" + "\n".join(lines), flush=True)

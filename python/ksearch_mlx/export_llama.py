@@ -219,27 +219,6 @@ def _llama_qkv_weight(attn):
     return w
 
 
-def _llama_swiglu(gate, x):
-    """mlx-lm's swiglu (nn.silu(gate) * x), written out so that it compiles into the caller."""
-    return gate * mx.sigmoid(gate) * x
-
-
-def _llama_mlp_weights(block):
-    """(post-attention norm weight, its eps, gate, up, down weights) of mlx-lm's Llama
-    TransformerBlock `block`, or None where its second half is not stock's plain form (another MLP
-    class, projections quantised, LoRA or with bias, another norm): then the block runs as stock."""
-    import mlx.nn as nn
-    from mlx_lm.models import llama as _llama
-
-    mlp, norm = block["mlp"], block["post_attention_layernorm"]
-    if type(mlp) is not _llama.MLP or type(norm) is not nn.RMSNorm:
-        return None
-    g, u, d = mlp["gate_proj"], mlp["up_proj"], mlp["down_proj"]
-    if any(type(p) is not nn.Linear or "bias" in p for p in (g, u, d)):
-        return None
-    return norm["weight"], float(norm.eps), g["weight"], u["weight"], d["weight"]
-
-
 def _llama_rope_default():
     """The fused RoPE where MLX runs on CUDA (the GPU is the default device), else None."""
     try:
@@ -582,40 +561,9 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     __call__._ksearch_patched = True
     cls.__call__ = __call__
 
-    # The decoder block's second half (residual add, post-attention RMSNorm, the MLP, residual
-    # add) as one compiled stretch, the weights its inputs, where `compile` and the block is
-    # mlx-lm's with a plain bias-free MLP; every call, prefill and decode (stock's arithmetic: the
-    # same ops in the same order).
-    blk = _llama.TransformerBlock
-    blk_previous = blk.__dict__["__call__"]
-    blk_stock = getattr(blk_previous, "_ksearch_stock", blk_previous)
-    block_stats = {"compiled": 0, "stock": 0}
-
-    def tail(x, r, wn, eps, wg, wu, wd):
-        h = x + r
-        y = mx.fast.rms_norm(h, wn, eps)
-        return h + _llama_swiglu(y @ wg.T, y @ wu.T) @ wd.T
-
-    tail_c = mx.compile(tail) if compile else None
-
-    def block_call(self, x, mask=None, cache=None):
-        ws = _llama_mlp_weights(self) if compile else None
-        if ws is None:
-            block_stats["stock"] += 1
-            return blk_stock(self, x, mask, cache)
-        r = self.self_attn(self.input_layernorm(x), mask, cache)
-        block_stats["compiled"] += 1
-        return _compiled_for(("tail", x.shape, str(x.dtype), str(r.dtype), ws[1]), tail_c, tail)(x, r, *ws)
-
-    block_call._ksearch_stock = blk_stock
-    block_call._ksearch_patched = True
-    blk.__call__ = block_call
-
     def unpatch():
         if cls.__dict__.get("__call__") is __call__:
             cls.__call__ = previous
-        if blk.__dict__.get("__call__") is block_call:
-            blk.__call__ = blk_previous
 
     unpatch.stats = stats
     unpatch.reasons = reasons
@@ -623,7 +571,6 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.lhd = lhd is not None
     unpatch.rope = rope_stats
     unpatch.qkv = qkv_stats
-    unpatch.block = block_stats
     unpatch.choices = choices
     unpatch.admitted = admitted
     return unpatch

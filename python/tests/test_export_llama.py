@@ -26,14 +26,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 TAIL = HERE.parent / "ksearch_mlx" / "export_tail.py"
 LLAMA = HERE.parent / "ksearch_mlx" / "export_llama.py"
 STOCK = llama.Attention.__dict__["__call__"]
-STOCK_BLOCK = llama.TransformerBlock.__dict__["__call__"]
 
 
 @pytest.fixture(autouse=True)
 def restore_stock():
     yield
     llama.Attention.__call__ = STOCK
-    llama.TransformerBlock.__call__ = STOCK_BLOCK
 
 
 def tiny_llama(dtype=mx.float32, head_dim=None, seed=0):
@@ -564,46 +562,3 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     b = tiny_llama(mx.float16)
     b.model.layers[0].self_attn.k_proj = nn.Linear(128, 64, bias=True)
     assert export_llama._llama_qkv_weight(b.model.layers[0].self_attn) is None
-
-
-def test_the_blocks_second_half_runs_compiled_with_stocks_arithmetic(monkeypatch):
-    """compile (default): each decoder block's residual adds, post-attention norm and MLP run as
-    one compiled stretch, traced once per shape for all layers, with stock's logits in prefill and
-    decode; an MLP it does not know (quantised) runs stock's block; unpatch restores both."""
-    traced = []
-    swiglu = export_llama._llama_swiglu
-
-    def counting(gate, x):
-        traced.append(gate.shape)
-        return swiglu(gate, x)
-
-    monkeypatch.setattr(export_llama, "_llama_swiglu", counting)
-    for dtype in (mx.float32, mx.float16):
-        m = tiny_llama(dtype)
-        ids = mx.random.randint(0, 101, (2, 24))
-        ref = prefill_and_decode(m, ids, 3)
-        traced.clear()
-        unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always")
-        got = prefill_and_decode(m, ids, 3)
-        unpatch()
-        for i, (a, b) in enumerate(zip(got, ref)):
-            assert_close(a, b, TOL[dtype], what=f"{dtype} call {i}")
-        # 2 layers x (prefill + 3 decode steps); one trace for the prefill's shape, one for decode's
-        assert unpatch.block == {"compiled": 8, "stock": 0}, unpatch.block
-        assert traced == [(2, 24, 256), (2, 1, 256)], traced
-    assert llama.TransformerBlock.__dict__["__call__"] is STOCK_BLOCK
-    # compile=False: stock's block
-    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", compile=False)
-    mx.eval(m(ids))
-    unpatch()
-    assert unpatch.block == {"compiled": 0, "stock": 2}
-    # quantised MLP: stock's block
-    import mlx.nn as nn
-
-    q = tiny_llama(mx.float16)
-    nn.quantize(q, group_size=32, bits=4)
-    ref = q(ids)
-    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always")
-    assert_close(q(ids), ref, TOL[mx.float16], "quantised")
-    unpatch()
-    assert unpatch.block == {"compiled": 0, "stock": 2}
