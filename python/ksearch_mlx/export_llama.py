@@ -52,11 +52,12 @@ LLAMA_COMPILE_SHAPES = 64
 # L = 4096), and v's transpose to [B, Hkv, L, D] another 24 us. This kernel reads the three
 # projections in their own [B, L, H, D] storage and writes q in that storage (what the QO_LHD
 # attention reads), k and v in [B, Hkv, L, D] (what the KV cache holds). One block per position
-# (blockIdx.x = l, blockIdx.y = b): the D / 2 (cos, sin) pairs of that position are computed once
-# into shared memory, as MLX's rope computes them (theta = scale * (offset + l) * 2^(-(i / (D/2)) *
-# log2(base)), f32); then each row of the position (H query heads, Hkv key heads, Hkv value heads)
-# is D / 8 threads of 4 element pairs each (d and d + D / 2 turned together; v copied), 8-byte
-# loads and stores, f32 arithmetic. No integer division but by compile-time constants.
+# (blockIdx.x = l, blockIdx.y = b); each row of the position (H query heads, Hkv key heads, Hkv
+# value heads) is D / 8 threads of 4 element pairs each (d and d + D / 2 turned together; v
+# copied), 8-byte loads and stores, a thread's first NR rows loaded before anything else; meanwhile
+# the D / 2 (cos, sin) pairs of the position are computed once into shared memory, as MLX's rope
+# computes them (theta = scale * (offset + l) * 2^(-(i / (D/2)) * log2(base)), f32). f32
+# arithmetic; no integer division but by compile-time constants.
 # Inputs q [B, L, H, D], k and v [B, L, Hkv, D] (f16), dims (int32: B, L, H, Hkv, offset), p (f32:
 # log2(base), scale); outputs qo [B, L, H, D], ko and vo [B, Hkv, L, D]; template D (head size,
 # a multiple of 8) and QKV (1: q is the fused projection [B, L, H + 2 Hkv, D], its heads q's, k's
@@ -65,51 +66,74 @@ LLAMA_COMPILE_SHAPES = 64
 _LLAMA_ROPE_BODY = """
 constexpr int T = D / 8;
 constexpr int HALF = D / 2;
+constexpr int NR = 4;
 __shared__ float2 cs[HALF];
 const int LL = dims[1], HQ = dims[2], HK = dims[3];
 const int l = blockIdx.x, b = blockIdx.y;
-const float pos = p[1] * (float)(l + dims[4]);
-for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
-  float s, c;
-  sincosf(pos * exp2f(-((float)i / (float)HALF) * p[0]), &s, &c);
-  cs[i] = make_float2(c, s);
-}
-__syncthreads();
 const int d = 4 * (threadIdx.x % T);
-const long long bl = (long long)b * LL + l;
+const int rpb = blockDim.x / T;
 const int rows = HQ + 2 * HK;
-for (int r = threadIdx.x / T; r < rows; r += blockDim.x / T) {
-  const __half* src;
-  __half* dst;
-  if (r < HQ) {
-    src = q + (bl * HQ + r) * D;
-    dst = qo + (bl * HQ + r) * D;
-  } else if (r < HQ + HK) {
-    src = k + (bl * HK + (r - HQ)) * D;
-    dst = ko + (((long long)b * HK + (r - HQ)) * LL + l) * D;
-  } else {
-    src = v + (bl * HK + (r - HQ - HK)) * D;
-    dst = vo + (((long long)b * HK + (r - HQ - HK)) * LL + l) * D;
-  }
-  if (QKV) {
-    src = q + (bl * rows + r) * D;
-  }
-  uint2 lo = *reinterpret_cast<const uint2*>(src + d);
-  uint2 hi = *reinterpret_cast<const uint2*>(src + d + HALF);
-  if (r < HQ + HK) {
-    __half2* l2 = reinterpret_cast<__half2*>(&lo);
-    __half2* h2 = reinterpret_cast<__half2*>(&hi);
+const long long bl = (long long)b * LL + l;
+auto src_of = [&](int r) -> const __half* {
+  if (QKV) return q + (bl * rows + r) * D;
+  if (r < HQ) return q + (bl * HQ + r) * D;
+  if (r < HQ + HK) return k + (bl * HK + (r - HQ)) * D;
+  return v + (bl * HK + (r - HQ - HK)) * D;
+};
+auto dst_of = [&](int r) -> __half* {
+  if (r < HQ) return qo + (bl * HQ + r) * D;
+  if (r < HQ + HK) return ko + (((long long)b * HK + (r - HQ)) * LL + l) * D;
+  return vo + (((long long)b * HK + (r - HQ - HK)) * LL + l) * D;
+};
+uint2 lo[NR], hi[NR];
+auto load = [&](int rb) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float2 x1 = __half22float2(l2[j]);
-      const float2 x2 = __half22float2(h2[j]);
-      const float2 a = cs[d + 2 * j], e = cs[d + 2 * j + 1];
-      l2[j] = __floats2half2_rn(x1.x * a.x - x2.x * a.y, x1.y * e.x - x2.y * e.y);
-      h2[j] = __floats2half2_rn(x1.x * a.y + x2.x * a.x, x1.y * e.y + x2.y * e.x);
+  for (int i = 0; i < NR; ++i) {
+    const int r = rb + i * rpb;
+    if (r < rows) {
+      const __half* s = src_of(r);
+      lo[i] = *reinterpret_cast<const uint2*>(s + d);
+      hi[i] = *reinterpret_cast<const uint2*>(s + d + HALF);
     }
   }
-  *reinterpret_cast<uint2*>(dst + d) = lo;
-  *reinterpret_cast<uint2*>(dst + d + HALF) = hi;
+};
+int rb = threadIdx.x / T;
+load(rb);
+{
+  // the position's angles, while the first rows are on their way
+  const float pos = p[1] * (float)(l + dims[4]);
+  for (int i = threadIdx.x; i < HALF; i += blockDim.x) {
+    float s, c;
+    sincosf(pos * exp2f(-((float)i / (float)HALF) * p[0]), &s, &c);
+    cs[i] = make_float2(c, s);
+  }
+}
+__syncthreads();
+while (true) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    const int r = rb + i * rpb;
+    if (r < rows) {
+      if (r < HQ + HK) {
+        __half2* l2 = reinterpret_cast<__half2*>(&lo[i]);
+        __half2* h2 = reinterpret_cast<__half2*>(&hi[i]);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float2 x1 = __half22float2(l2[j]);
+          const float2 x2 = __half22float2(h2[j]);
+          const float2 a = cs[d + 2 * j], e = cs[d + 2 * j + 1];
+          l2[j] = __floats2half2_rn(x1.x * a.x - x2.x * a.y, x1.y * e.x - x2.y * e.y);
+          h2[j] = __floats2half2_rn(x1.x * a.y + x2.x * a.x, x1.y * e.y + x2.y * e.x);
+        }
+      }
+      __half* o = dst_of(r);
+      *reinterpret_cast<uint2*>(o + d) = lo[i];
+      *reinterpret_cast<uint2*>(o + d + HALF) = hi[i];
+    }
+  }
+  rb += NR * rpb;
+  if (rb >= rows) break;
+  load(rb);
 }
 """
 _llama_rope_kernels = {}
