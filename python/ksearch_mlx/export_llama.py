@@ -372,12 +372,14 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     instead of `attention` where given: mlx-lm's RoPE leaves q in that storage and o_proj reads o
     that way, so neither is copied (`attention` makes q contiguous in [B, H, L, D] and o is
     transposed back: two copies of a query-sized array per call).
-    `rope`: where `lhd` runs, q and k of an admitted prompt chunk are rotated (and v moved to the
-    cache's order) by `rope(q [B, L, H, D], k [B, L, Hkv, D], v [B, L, Hkv, D], module.rope) ->
+    `rope`: q and k of a prompt chunk that passed the checks above (before the measured choice:
+    stock's attention then reads them too) are rotated (and v moved to the cache's order) by `rope(q [B, L, H, D], k [B, L, Hkv, D], v [B, L, Hkv, D], module.rope) ->
     (q [B, L, H, D], k [B, Hkv, L, D], v [B, Hkv, L, D])` (or None: stock's RoPE and transpose)
     instead of stock's RoPE on transposed views; "auto" (default) is the fused RoPE kernel on MLX's
     CUDA back-end (mlx-lm's `nn.RoPE`, f16, head size a multiple of 8) and stock's RoPE elsewhere,
-    None is always stock's. `unpatch.rope` counts the calls it rotated ({"fused": n}).
+    None is always stock's. q stays in [B, L, H, D] storage: `lhd` reads it so, stock's SDPA reads
+    the transposed view, `attention` gets that view (a kernel that needs it contiguous copies it).
+    `unpatch.rope` counts the calls it rotated ({"fused": n}).
     `fuse_qkv`: where the fused RoPE ("auto") runs, the q, k and v projections are one matmul with
     their weights stacked and the RoPE kernel reads its output (default True). The stacked weight
     is made on a layer's first kernel-path call and kept on its Attention module; the three
@@ -407,8 +409,6 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         rope = _llama_rope_default()
     if rope is not None and not callable(rope):
         raise TypeError("patch_mlx_lm_llama: rope must be 'auto', None or a callable")
-    if lhd is None:
-        rope = None  # the fused RoPE writes q in [B, L, H, D]: only the lhd path reads it so
     if attention is None:
         raise ValueError("patch_mlx_lm_llama: give attention= (a callable (q, k, v, causal) -> o)")
     if not callable(attention):

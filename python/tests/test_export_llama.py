@@ -491,11 +491,14 @@ def test_a_fused_rope_rotates_q_and_k_of_the_kernel_path_only():
     assert unpatch.rope == {"fused": 4} and len(rope_calls) == 4, unpatch.rope
     assert rope_calls[0] == ((2, 24, 4, 32), (2, 24, 2, 32), (2, 24, 2, 32))
     assert unpatch.stats == {"kernel": 4, "stock": 4}, unpatch.stats
-    # without an lhd path the fused RoPE is not used (it writes q in [B, L, H, D])
-    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=None, rope=rope)
-    mx.eval(m(ids, cache=mlx_cache.make_prompt_cache(m)))
+    # without an lhd path too: the [B, H, L, D] attention is handed q's [B, L, H, D] storage as a
+    # transposed view (as stock's SDPA is), with stock's logits
+    calls = []
+    unpatch = export_llama.patch_mlx_lm_llama(standin(calls), min_len=8, choose="always", lhd=None, rope=rope)
+    for i, (a, b) in enumerate(zip(prefill_and_decode(m, ids, 2), ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"[B, H, L, D] kernel, call {i}")
     unpatch()
-    assert unpatch.rope == {"fused": 0}
+    assert unpatch.rope == {"fused": 2} and [c["q"] for c in calls] == [(2, 4, 24, 32)] * 2, (unpatch.rope, calls)
     with pytest.raises(ValueError):
         export_llama.patch_mlx_lm_llama(standin([]), rope="fast")
     with pytest.raises(TypeError):
