@@ -21,7 +21,8 @@ class):
   model's [B, L, H, D] transposed; each path up to o_proj's input, so a kernel that needs q and o
   copied pays for it; the kernel's QO_LHD build, which reads and writes mlx-lm's order, where its
   source has the switch, KS_LLAMA_LHD=0 to keep the [B, H, L, D] build; with it, q and k rotated by
-  the patch's fused RoPE on MLX's CUDA back-end, KS_LLAMA_ROPE=0 for stock's RoPE), kernel against
+  the patch's fused RoPE on MLX's CUDA back-end, KS_LLAMA_ROPE=0 for stock's RoPE, and k and v
+  contiguous as that RoPE hands them over, transposed views as stock's), kernel against
   mx.fast.scaled_dot_product_attention for a few L, 8 calls evaluated together per timing
   (KS_LLAMA_QKV=0: without the patch's fuse_qkv, the q, k and v projections one matmul;
   KS_LLAMA_COMPILE=0: its compile=False),
@@ -220,7 +221,7 @@ def make_model(cfg, dtype, seed=0):
 
 
 # ---- phases -----------------------------------------------------------------------------------------------
-def bench_attention(attention, admits, cfg, lens, reps):
+def bench_attention(attention, admits, cfg, lens, reps, fused_rope=False):
     H, Hkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     rows = []
     for L in lens:
@@ -232,6 +233,8 @@ def bench_attention(attention, admits, cfg, lens, reps):
         q = mx.random.normal((1, L, H, D), key=kq).astype(mx.float16).transpose(0, 2, 1, 3)
         k = mx.random.normal((1, L, Hkv, D), key=kk).astype(mx.float16).transpose(0, 2, 1, 3)
         v = mx.random.normal((1, L, Hkv, D), key=kv).astype(mx.float16).transpose(0, 2, 1, 3)
+        if fused_rope:  # the patch's RoPE hands k and v over contiguous in [B, Hkv, L, D]
+            k, v = mx.contiguous(k), mx.contiguous(v)
         mx.eval(q, k, v)
         # Each up to o_proj's input [B, L, H * D], as the patched layer runs it.
         lhd = getattr(attention, "lhd", None)
@@ -492,9 +495,10 @@ def main():
             log(f"{name}: {traceback.format_exc()[-800:]}")
             return None
 
+    fused_rope = export_llama._llama_rope_default() is not None and os.environ.get("KS_LLAMA_ROPE") != "0"
     res["attention_alone"], res["suggested_min_len"] = phase(
-        "attention alone", lambda: bench_attention(attention, admits, cfg, attn_lens, max(a.reps, 10)), 0.3) or ([], None)
-    if export_llama._llama_rope_default() is not None and os.environ.get("KS_LLAMA_ROPE") != "0":
+        "attention alone", lambda: bench_attention(attention, admits, cfg, attn_lens, max(a.reps, 10), fused_rope), 0.3) or ([], None)
+    if fused_rope:
         res["rope"] = phase("fused rope", lambda: bench_rope(cfg, prefill_lens, a.reps), 0.3) or []
     else:
         res["rope"] = []
