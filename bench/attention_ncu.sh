@@ -2,7 +2,8 @@
 # On the GPU machine: Nsight Compute on an attention kernel of tasks/attention ([backends.cuda]) and
 # on cuDNN's SDPA at the anchor shapes (bench/cuda_dev.py's KS_SUITES=anchor: 4,32,32,2048,128 without
 # and with the causal mask first): throughput, pipe utilisation, scheduler and warp-state (stall)
-# statistics of the first COUNT launches of each, to compare what binds the two.
+# statistics of the first COUNT launches of each, with the cycles per issued instruction by stall
+# reason, to compare what binds the two.
 # Here:   ATT_PREPARE=1 KERNEL=flash_ws FIX=... bash bench/attention_ncu.sh  (NVRTC into .att-cubins)
 # There:  KERNEL=flash_ws FIX=... bash bench/attention_ncu.sh                 (carry .att-cubins)
 # FIX as bench/cuda_dev.py's KS_FIX (default: the task.toml defaults). Text reports land in $OUT.
@@ -19,14 +20,23 @@ fi
 SECTIONS=${SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis SchedulerStats WarpStateStats InstructionStats Occupancy LaunchStats}
 args=()
 for s in $SECTIONS; do args+=(--section "$s"); done
-KEYS="Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Registers Per Thread|Achieved Occupancy|Stall|Tensor"
+# where the warps wait: cycles per issued instruction by stall reason (STALLS=0 leaves them out)
+if [ "${STALLS:-1}" = 1 ]; then
+    m=
+    for r in barrier branch_resolving dispatch_stall drain imc_miss lg_throttle long_scoreboard math_pipe_throttle \
+             membar mio_throttle misc no_instruction not_selected selected short_scoreboard sleeping tex_throttle wait; do
+        m+=${m:+,}smsp__average_warp_latency_issue_stalled_${r}.ratio
+    done
+    args+=(--metrics "$m")
+fi
+KEYS="stalled|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Registers Per Thread|Achieved Occupancy|Stall|Tensor"
 # the kernel alone (checked launches, no timing, no peer)
 KS_TIME=0 ncu -k regex:attention -c "${COUNT:-2}" "${args[@]}" python3 bench/cuda_dev.py run attention \
     > "$OUTDIR/ncu_kernel.txt" 2>&1
 echo "kernel: exit $? ($OUTDIR/ncu_kernel.txt)"
-grep -E "$KEYS" "$OUTDIR/ncu_kernel.txt" | head -60
+grep -E "$KEYS" "$OUTDIR/ncu_kernel.txt" | head -80
 # cuDNN's SDPA, the peer bench/cuda_dev.py times (its first launches: the first anchor shape)
 ncu -k regex:sdpa -c "${COUNT:-2}" "${args[@]}" python3 bench/cuda_dev.py run attention \
     > "$OUTDIR/ncu_cudnn.txt" 2>&1
 echo "cudnn: exit $? ($OUTDIR/ncu_cudnn.txt)"
-grep -E "$KEYS" "$OUTDIR/ncu_cudnn.txt" | head -60
+grep -E "$KEYS" "$OUTDIR/ncu_cudnn.txt" | head -80
