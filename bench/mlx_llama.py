@@ -31,6 +31,9 @@ class):
 - prefill tok/s at L = 2048 and 4096: the backbone over the prompt with a fresh KV cache, then the
   head on the last position (what generation needs), median of --reps; with the host time spent
   building each mode's lazy graph (Python, before the GPU starts), median;
+- the same prompt prefilled in 2048-token pieces (mlx_lm.generate's prefill_step_size; the pieces
+  after the first attend with stock's SDPA, the patch's RoPE and projection still run), its last
+  piece's logits and the cache compared;
 - decode tok/s after a --prompt token prompt: a synchronous loop (model, argmax, eval per token) and
   mlx-lm's generate_step (greedy), --decode tokens each, median of 5, stock and patched interleaved;
 - logits of the whole prompt at L = 2048 and 4096 (one forward, no cache): patched against stock,
@@ -352,6 +355,43 @@ def bench_prefill(model, tg, L, reps, vocab):
     return row
 
 
+def bench_prefill_chunked(model, tg, L, chunk, reps, vocab):
+    """A prompt of L tokens prefilled in pieces of `chunk` (as mlx_lm.generate does past its
+    prefill_step_size, 2048: the cache evaluated after each piece), then the head on the last
+    position: tok/s stock and patched (interleaved, medians), and the last piece's logits and the
+    cache compared."""
+    ids = mx.random.randint(0, vocab, (1, L), key=mx.random.key(400 + L))
+
+    def run(full=False):
+        c = mlx_cache.make_prompt_cache(model)
+        for i in range(0, L - chunk, chunk):
+            model.model(ids[:, i : i + chunk], cache=c)
+            mx.eval([x.state for x in c])
+        h = model.model(ids[:, (L - 1) // chunk * chunk :], cache=c)
+        return [model.lm_head(h if full else h[:, -1:])] + [s for x in c for s in (x.keys, x.values)]
+
+    times = {"stock": [], "patched": []}
+    outs = {}
+    for mode in ("stock", "patched"):  # warm-up, with the last piece's logits whole
+        (tg.on if mode == "patched" else tg.off)()
+        outs[mode] = run(full=True)
+        mx.eval(outs[mode])
+    for _ in range(reps):
+        for mode in ("stock", "patched"):
+            (tg.on if mode == "patched" else tg.off)()
+            times[mode].append(timed(run))
+    tg.off()
+    row = {"L": L, "chunk": chunk}
+    for mode, t in times.items():
+        row[f"{mode}_ms"] = statistics.median(t) * 1e3
+        row[f"{mode}_tok_s"] = L / statistics.median(t)
+    row["ratio"] = row["patched_tok_s"] / row["stock_tok_s"]
+    row["logits"] = compare(outs["patched"][0], outs["stock"][0])
+    row["cache_bad"] = sum(compare(a, b)["bad"] for a, b in zip(outs["patched"][1:], outs["stock"][1:]))
+    log(f"prefill chunked L={L} chunk={chunk}: {json.dumps(row)}")
+    return row
+
+
 def decode_sync(model, prompt, n):
     c = mlx_cache.make_prompt_cache(model)
     logits = model(prompt[None], cache=c)
@@ -504,6 +544,9 @@ def main():
         res["rope"] = []
     res["prefill"] = [r for r in (phase(f"prefill L={L}", lambda L=L: bench_prefill(model, tg, L, a.reps, cfg["vocab_size"]), 0.5)
                                   for L in prefill_lens) if r]
+    chunk = 64 if a.tiny else 2048
+    res["prefill_chunked"] = [r for r in (phase(f"prefill chunked L={L}", lambda L=L: bench_prefill_chunked(
+        model, tg, L, chunk, a.reps, cfg["vocab_size"]), 0.55) for L in prefill_lens if L > chunk) if r]
     res["decode"] = phase("decode", lambda: bench_decode(model, tg, prompt_len, n_decode, cfg["vocab_size"]), 0.65) or []
     res["logits"] = phase("logits", lambda: bench_logits(model, args, tg, prefill_lens, cfg["vocab_size"], not a.no_f32), 0.8) or []
     tg.off()
@@ -542,6 +585,10 @@ def main():
         share = f"  (attention {100 * r['attention_share']:.0f}% of stock)" if "attention_share" in r else ""
         lines.append(f"{'prefill':<32} {r['L']:>6} {r['stock_tok_s']:>12.0f} {r['patched_tok_s']:>14.0f} {r['ratio']:>6.3f}{share}"
                      f"  graph building {r['stock_graph_ms']:.2f} / {r['patched_graph_ms']:.2f} ms")
+    for r in res["prefill_chunked"]:
+        lines.append(f"{'prefill in ' + str(r['chunk']) + '-token pieces':<32} {r['L']:>6} {r['stock_tok_s']:>12.0f} "
+                     f"{r['patched_tok_s']:>14.0f} {r['ratio']:>6.3f}  last piece's logits max|d| "
+                     f"{r['logits']['max_abs']:.3g} bad {r['logits']['bad']}, cache bad {r['cache_bad']}")
     for r in res["decode"]:
         lines.append(f"{'decode ' + r['method'] + ' (ctx ' + str(r['prompt']) + ')':<32} {r['tokens']:>6} "
                      f"{r['stock_tok_s']:>12.1f} {r['patched_tok_s']:>14.1f} {r['ratio']:>6.3f}")

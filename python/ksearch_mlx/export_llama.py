@@ -346,7 +346,8 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
       "quantized_cache" a quantised KV cache (mlx-lm's quantised attention);
       "mask"            a mask other than "causal" or none (an array: sliding window, padding);
       "cache_offset"    a cache that already holds tokens (chunked prefill, a continued prompt):
-                        the kernel attends L queries to the same L keys only;
+                        the kernel attends L queries to the same L keys only (stock's SDPA
+                        attends; the fused RoPE and stacked projection below still run there);
       "scale"           a scale other than 1/sqrt(head_dim), the kernel's;
       "dtype"           q in a dtype outside `dtypes` (None: any);
       "constraints"     `admits(axes)` is false (axes B, H, Hkv, L, D, causal).
@@ -450,10 +451,10 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     # o_proj's input. Building a prefill's lazy graph in Python (the GPU idle meanwhile) took 1.7
     # ms for stock and 3.1 ms for the uncompiled patch at L = 4096 on the H200 (16 layers,
     # 2026-12-04, bench/h200-2026-12-04-llama-v2.txt): a tenth of the prefill.
-    def front(x, w, H, Hkv, base, scale):
+    def front(x, w, H, Hkv, base, scale, offset):
         B, L, _ = x.shape
         qkv = (x @ w.T).reshape(B, L, H + 2 * Hkv, -1)
-        return _llama_rope_cuda_qkv(qkv, H, Hkv, _LlamaRopeArgs(base, scale))
+        return _llama_rope_cuda_qkv(qkv, H, Hkv, _LlamaRopeArgs(base, scale), offset)
 
     def back(q, k, v, causal):
         B, L = q.shape[:2]
@@ -479,6 +480,40 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         reasons[reason] = reasons.get(reason, 0) + 1
         return stock(self, x, mask, cache)
 
+    def fused_front(self, x, offset):
+        """(q [B, L, H, D], k, v [B, Hkv, L, D]) rotated at `offset` by the stacked projection and
+        the fused RoPE, or None where fuse_qkv does not hold here."""
+        if not (fuse_qkv and rope is _llama_rope_cuda):
+            return None
+        w = _llama_qkv_weight(self)
+        if w is None or not _llama_rope_fits_shape(self.rope, self.head_dim, x.dtype, w.dtype):
+            return None
+        B, L, _ = x.shape
+        H, Hkv, r = self.n_heads, self.n_kv_heads, self.rope
+        sig = ("front", B, L, x.shape[2], H, Hkv, self.head_dim, str(x.dtype), float(r.base), float(r.scale), offset)
+        qkv_stats["fused"] += 1
+        return _compiled_for(sig, front_c, front)(x, w, H, Hkv, r.base, r.scale, offset)
+
+    def chunk_call(self, x, mask, cache, offset):
+        """A prompt chunk after others (chunked prefill): the kernel attends L queries to the same
+        L keys only, so stock's SDPA attends, to the whole cache; the projections and RoPE are the
+        patch's where they hold (MLX's CUDA back-end), stock's whole call elsewhere."""
+        B, L, _ = x.shape
+        rotated = fused_front(self, x, offset)
+        if rotated is None and rope is _llama_rope_cuda:
+            rotated = _llama_rope_cuda(self.q_proj(x).reshape(B, L, self.n_heads, -1),
+                                       self.k_proj(x).reshape(B, L, self.n_kv_heads, -1),
+                                       self.v_proj(x).reshape(B, L, self.n_kv_heads, -1), self.rope, offset)
+        if rotated is None:
+            return stock_call("cache_offset", self, x, mask, cache)
+        stats["stock"] += 1
+        reasons["cache_offset"] = reasons.get("cache_offset", 0) + 1
+        rope_stats["fused"] += 1
+        queries = rotated[0].transpose(0, 2, 1, 3)
+        keys, values = cache.update_and_fetch(rotated[1], rotated[2])
+        o = _llama.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
+        return self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
     def __call__(self, x, mask=None, cache=None):
         B, L, _ = x.shape
         if L < min_len:
@@ -490,19 +525,14 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         if cache is not None:
             off = getattr(cache, "offset", None)
             if not (isinstance(off, int) and off == 0):
+                if isinstance(off, int) and off > 0 and hasattr(cache, "update_and_fetch"):
+                    return chunk_call(self, x, mask, cache, off)
                 return stock_call("cache_offset", self, x, mask, cache)
         if abs(self.scale * _llama_math.sqrt(self.head_dim) - 1.0) > 1e-6:
             return stock_call("scale", self, x, mask, cache)
 
         # stock's arithmetic (mlx-lm 0.32 llama.Attention.__call__) up to the attention
-        rotated = None
-        if fuse_qkv and rope is _llama_rope_cuda:
-            w = _llama_qkv_weight(self)
-            if w is not None and _llama_rope_fits_shape(self.rope, self.head_dim, x.dtype, w.dtype):
-                H, Hkv, r = self.n_heads, self.n_kv_heads, self.rope
-                sig = ("front", B, L, x.shape[2], H, Hkv, self.head_dim, str(x.dtype), float(r.base), float(r.scale))
-                rotated = _compiled_for(sig, front_c, front)(x, w, H, Hkv, r.base, r.scale)
-                qkv_stats["fused"] += 1
+        rotated = fused_front(self, x, 0)
         if rotated is None:
             queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
             if rope is not None:

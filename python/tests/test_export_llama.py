@@ -418,7 +418,7 @@ def test_exported_module_uses_its_qo_lhd_build_where_its_source_has_one():
     assert built == [{"HD": 64, "QO_LHD": 1}]  # one build for the shape class, with the switch
 
 
-def rope_reference(q, k, v, rope):
+def rope_reference(q, k, v, rope, offset=0):
     """The fused RoPE kernel's arithmetic (export_llama._LLAMA_ROPE_BODY) in MLX ops: element d of
     a row turns with d + D / 2 by scale * l * 2^(-(d / (D / 2)) log2(base)); q stays in
     [B, L, H, D], k and v go to [B, Hkv, L, D] (v unchanged)."""
@@ -427,7 +427,7 @@ def rope_reference(q, k, v, rope):
     D, L = q.shape[-1], q.shape[1]
     d = mx.arange(D // 2, dtype=mx.float32)
     inv = mx.power(2.0, -(d / (D // 2)) * math.log2(float(rope.base)))
-    ang = (float(rope.scale) * mx.arange(L, dtype=mx.float32))[:, None] * inv[None, :]  # [L, D/2]
+    ang = (float(rope.scale) * mx.arange(offset, offset + L, dtype=mx.float32))[:, None] * inv[None, :]  # [L, D/2]
     c, s = mx.cos(ang)[None, :, None, :], mx.sin(ang)[None, :, None, :]
 
     def turn(x):
@@ -523,7 +523,7 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     def qkv_reference(qkv, H, Hkv, rope, offset=0):
         given.append(qkv.shape)
         module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
-        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module)
+        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
 
     monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
     n_params = len(tree_flatten(m.parameters()))
@@ -550,6 +550,18 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     w1 = export_llama._llama_qkv_weight(attn)
     assert w1 is not w0 and mx.array_equal(w1[:128], m0_q * 2).item()
     unpatch()
+    # a prompt in chunks (as mlx_lm.generate prefills a long one): the chunks after the first
+    # rotate at their offset through the same path and attend with stock's SDPA to the whole cache
+    ref_chunked = prefill_and_decode(m, ids, 2, chunk=8)
+    unpatch_c = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
+                                                rope=export_llama._llama_rope_cuda)
+    got = prefill_and_decode(m, ids, 2, chunk=8)
+    unpatch_c()
+    for i, (a, b) in enumerate(zip(got, ref_chunked)):
+        assert_close(a, b, TOL[mx.float16], what=f"chunked call {i}")
+    assert unpatch_c.qkv == {"fused": 6} and unpatch_c.reasons == {"cache_offset": 4, "short": 4}, (
+        unpatch_c.qkv, unpatch_c.reasons)
+    assert unpatch_c.stats == {"kernel": 2, "stock": 8}
     # uncompiled: the Python runs per layer, with the same logits
     unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
                                               rope=export_llama._llama_rope_cuda, fuse_qkv=True, compile=False)
@@ -557,7 +569,7 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     for i, (a, b) in enumerate(zip(prefill_and_decode(m, ids, 2), ref)):
         assert_close(a, b, TOL[mx.float16], what=f"uncompiled call {i}")
     unpatch()
-    assert len(given) == 1 + 2
+    assert len(given) == 1 + 3 + 2  # + a trace per chunk offset (0, 8, 16), + per layer uncompiled
     # projections it cannot stack keep stock's three: quantised, with a bias
     q = tiny_llama(mx.float16)
     nn.quantize(q, group_size=32, bits=4)
