@@ -235,6 +235,8 @@ def _llama_qkv_weight(attn):
     if any(type(p) is not nn.Linear or "bias" in p for p in (q, k, v)):
         return None
     ws = (q["weight"], k["weight"], v["weight"])
+    if ws[1].dtype != ws[0].dtype or ws[2].dtype != ws[0].dtype:
+        return None
     w = mx.concatenate(ws, axis=0)
     a, b = ws[0].shape[0], ws[0].shape[0] + ws[1].shape[0]
     views = (w[:a], w[a:b], w[b:])
@@ -485,8 +487,10 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         the fused RoPE, or None where fuse_qkv does not hold here."""
         if not (fuse_qkv and rope is _llama_rope_cuda):
             return None
+        if not _llama_rope_fits_shape(self.rope, self.head_dim, x.dtype, self["q_proj"].get("weight", x).dtype):
+            return None  # checked before stacking: a model the kernel does not serve keeps its weights as they are
         w = _llama_qkv_weight(self)
-        if w is None or not _llama_rope_fits_shape(self.rope, self.head_dim, x.dtype, w.dtype):
+        if w is None or w.dtype != x.dtype:
             return None
         B, L, _ = x.shape
         H, Hkv, r = self.n_heads, self.n_kv_heads, self.rope

@@ -570,6 +570,14 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
         assert_close(a, b, TOL[mx.float16], what=f"uncompiled call {i}")
     unpatch()
     assert len(given) == 1 + 3 + 2  # + a trace per chunk offset (0, 8, 16), + per layer uncompiled
+    # a model the fused RoPE does not serve (f32) keeps its weights untouched
+    f = tiny_llama(mx.float32)
+    wq = f.model.layers[0].self_attn.q_proj.weight
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
+                                              rope=export_llama._llama_rope_cuda)
+    mx.eval(f(ids))
+    unpatch()
+    assert f.model.layers[0].self_attn.q_proj.weight is wq and unpatch.qkv == {"fused": 0}
     # projections it cannot stack keep stock's three: quantised, with a bias
     q = tiny_llama(mx.float16)
     nn.quantize(q, group_size=32, bits=4)
