@@ -156,12 +156,9 @@ def _llama_rope_fits_shape(rope, D, *dtypes):
 
 def _llama_rope_fits(rope, q, k, v):
     """Whether the fused RoPE computes what `rope` (mlx-lm's module) would on q and k (and moves v)."""
-    import mlx.nn as nn
-
     D = q.shape[-1]
-    return (type(rope) is nn.RoPE and not rope.traditional and rope.dims == D and D % 8 == 0
-            and k.shape[-1] == D and v.shape[-1] == D and k.shape[:3] == v.shape[:3]
-            and q.dtype == mx.float16 and k.dtype == mx.float16 and v.dtype == mx.float16)
+    return (_llama_rope_fits_shape(rope, D, q.dtype, k.dtype, v.dtype)
+            and k.shape[-1] == D and v.shape[-1] == D and k.shape[:3] == v.shape[:3])
 
 
 # Per (B, L, H, Hkv, offset, base, scale): the kernel's small dims and p arrays, made once (a
