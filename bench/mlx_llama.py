@@ -169,19 +169,24 @@ def module_patch(path):
 
 # ---- helpers --------------------------------------------------------------------------------------------
 class Toggle:
-    """The patch made once; on() / off() swap the class's method, so the path counts accumulate."""
+    """The patch made once; on() / off() swap the classes' methods (the attention's and, with
+    fuse_mlp, the block's), so the path counts accumulate."""
+
+    CLASSES = (llama.Attention, llama.TransformerBlock)
 
     def __init__(self, unpatch):
         self.unpatch = unpatch
-        self.patched = llama.Attention.__dict__["__call__"]
+        self.patched = [c.__dict__["__call__"] for c in self.CLASSES]
         unpatch()
-        self.stock = llama.Attention.__dict__["__call__"]
+        self.stock = [c.__dict__["__call__"] for c in self.CLASSES]
 
     def on(self):
-        llama.Attention.__call__ = self.patched
+        for c, f in zip(self.CLASSES, self.patched):
+            c.__call__ = f
 
     def off(self):
-        llama.Attention.__call__ = self.stock
+        for c, f in zip(self.CLASSES, self.stock):
+            c.__call__ = f
 
 
 def timed(fn):
@@ -314,6 +319,47 @@ def bench_rope(cfg, lens, reps):
         row["ratio"] = row["stock_us"] / row["fused_us"]
         rows.append(row)
         log(f"rope L={L}: {json.dumps(row)}")
+    return rows
+
+
+def bench_swiglu(cfg, lens, reps):
+    """The patch's silu(g) * u kernel on the stacked gate/up output [L, 2 I] against mlx-lm's
+    swiglu on the two projections' own outputs (what stock runs), at the model's per-layer shapes:
+    every element compared, and the time of 20 calls evaluated together (median of `reps`)."""
+    from mlx_lm.models.activations import swiglu
+
+    I = cfg["intermediate_size"]
+    rows = []
+    for L in lens:
+        gu = mx.random.normal((L, 2 * I), key=mx.random.key(400 + L)).astype(mx.float16)
+        g, u = mx.contiguous(gu[:, :I]), mx.contiguous(gu[:, I:])
+        mx.eval(gu, g, u)
+
+        def fused():
+            return export_llama._llama_swiglu_cuda(gu)
+
+        def stock():
+            return swiglu(g, u)
+
+        row = {"L": L, "out": compare(fused(), stock())}
+
+        def many(fn):
+            mx.synchronize()
+            t0 = time.perf_counter()
+            mx.eval([fn() for _ in range(20)])
+            mx.synchronize()
+            return (time.perf_counter() - t0) / 20
+
+        many(fused), many(stock)
+        tf, ts = [], []
+        for _ in range(reps):
+            tf.append(many(fused))
+            ts.append(many(stock))
+        row["fused_us"], row["stock_us"] = statistics.median(tf) * 1e6, statistics.median(ts) * 1e6
+        row["ratio"] = row["stock_us"] / row["fused_us"]
+        row["fused_TBps"] = 3 * L * I * 2 / (row["fused_us"] * 1e-6) / 1e12
+        rows.append(row)
+        log(f"swiglu L={L}: {json.dumps(row)}")
     return rows
 
 
@@ -515,7 +561,8 @@ def main():
         unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,), choose=a.choose,
                                                   rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto",
                                                   fuse_qkv=os.environ.get("KS_LLAMA_QKV") != "0",
-                                              compile=os.environ.get("KS_LLAMA_COMPILE") != "0")
+                                                  fuse_mlp=os.environ.get("KS_LLAMA_MLP") != "0",
+                                                  compile=os.environ.get("KS_LLAMA_COMPILE") != "0")
     tg = Toggle(unpatch)
     model, args = make_model(cfg, mx.float16)
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
@@ -540,8 +587,9 @@ def main():
         "attention alone", lambda: bench_attention(attention, admits, cfg, attn_lens, max(a.reps, 10), fused_rope), 0.3) or ([], None)
     if fused_rope:
         res["rope"] = phase("fused rope", lambda: bench_rope(cfg, prefill_lens, a.reps), 0.3) or []
+        res["swiglu"] = phase("swiglu", lambda: bench_swiglu(cfg, prefill_lens, a.reps), 0.3) or []
     else:
-        res["rope"] = []
+        res["rope"], res["swiglu"] = [], []
     res["prefill"] = [r for r in (phase(f"prefill L={L}", lambda L=L: bench_prefill(model, tg, L, a.reps, cfg["vocab_size"]), 0.5)
                                   for L in prefill_lens) if r]
     chunk = 64 if a.tiny else 2048
@@ -551,7 +599,8 @@ def main():
     res["logits"] = phase("logits", lambda: bench_logits(model, args, tg, prefill_lens, cfg["vocab_size"], not a.no_f32), 0.8) or []
     tg.off()
     res["paths"] = {"stats": dict(unpatch.stats), "reasons": dict(getattr(unpatch, "reasons", {})),
-                    "rope": dict(getattr(unpatch, "rope", {})), "qkv": dict(getattr(unpatch, "qkv", {}))}
+                    "rope": dict(getattr(unpatch, "rope", {})), "qkv": dict(getattr(unpatch, "qkv", {})),
+                    "mlp": dict(getattr(unpatch, "mlp", {}))}
     # attention's share of stock prefill: layers x SDPA time at that L / prefill time
     sdpa = {r["L"]: r["sdpa_ms"] for r in res["attention_alone"] if "sdpa_ms" in r}
     for r in res["prefill"]:
@@ -580,6 +629,10 @@ def main():
         lines.append(f"{'fused RoPE + v move (layer)':<32} {r['L']:>6} {r['fused_us']:>8.1f} us {r['stock_us']:>7.1f} us "
                      f"{r['ratio']:>6.3f}  (stock RoPE + transpose); max|d| q {r['q']['max_abs']:.3g} "
                      f"k {r['k']['max_abs']:.3g} v {r['v']['max_abs']:.3g}, bad {bad}/{n} (from fused qkv: {r['qkv_bad']})")
+    for r in res.get("swiglu", []):
+        lines.append(f"{'swiglu of stacked gate/up (layer)':<32} {r['L']:>6} {r['fused_us']:>8.1f} us {r['stock_us']:>7.1f} us "
+                     f"{r['ratio']:>6.3f}  (mlx-lm's swiglu); {r['fused_TBps']:.2f} TB/s, max|d| {r['out']['max_abs']:.3g}, "
+                     f"bad {r['out']['bad']}/{r['out']['elements']}")
     lines.append(f"{'':<32} {'':>6} {'stock tok/s':>12} {'patched tok/s':>14} {'ratio':>6}")
     for r in res["prefill"]:
         share = f"  (attention {100 * r['attention_share']:.0f}% of stock)" if "attention_share" in r else ""
@@ -601,7 +654,7 @@ def main():
             s += f"; vs f32: patched max rel {q['max_rel']:.2e} bad {q['bad']}, stock max rel {t['max_rel']:.2e} bad {t['bad']}"
         lines.append(s)
     lines.append(f"paths: {res['paths']['stats']} stock reasons {res['paths']['reasons']} fused RoPE {res['paths']['rope']}"
-                 f" fused qkv {res['paths']['qkv']}; {res['seconds']:.0f} s"
+                 f" fused qkv {res['paths']['qkv']} fused MLP {res['paths']['mlp']}; {res['seconds']:.0f} s"
                  + (f"; skipped: {', '.join(res['skipped'])}" if res["skipped"] else "")
                  + (f"; errors in {', '.join(e['phase'] for e in res['errors'])}" if res["errors"] else ""))
     print("\n" + "\n".join(lines), flush=True)

@@ -6,7 +6,8 @@ prefill per mode after two untimed ones.
 
     PYTHONPATH=python KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama_trace.py --lens 2048,4096
     (KS_LLAMA_ROPE=0: the patch keeps stock's RoPE instead of its fused one; KS_LLAMA_QKV=0: without
-    its fuse_qkv, one matmul for the q, k and v projections; KS_LLAMA_COMPILE=0: its compile=False)
+    its fuse_qkv, one matmul for the q, k and v projections; KS_LLAMA_MLP=0: without its fuse_mlp, the
+    block's rest fused; KS_LLAMA_COMPILE=0: its compile=False)
 
 Per mode and L: the span from the first kernel's start to the last kernel's end, the sum of kernel
 times, the idle time between kernels (gaps, and how many exceed 10 us), and the kernels with the
@@ -72,6 +73,7 @@ def main():
     unpatch = export_llama.patch_mlx_lm_llama(attention, admits=admits, dtypes=(mx.float16,), choose="always",
                                               rope=None if os.environ.get("KS_LLAMA_ROPE") == "0" else "auto",
                                               fuse_qkv=os.environ.get("KS_LLAMA_QKV") != "0",
+                                              fuse_mlp=os.environ.get("KS_LLAMA_MLP") != "0",
                                               compile=os.environ.get("KS_LLAMA_COMPILE") != "0")
     tg = ml.Toggle(unpatch)
     model, _ = ml.make_model(ml.FULL, mx.float16)

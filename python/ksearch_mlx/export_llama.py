@@ -216,30 +216,102 @@ def _llama_rope_cuda_qkv(qkv, H, Hkv, rope, offset=0):
                               B, L, H, Hkv, D)
 
 
-def _llama_qkv_weight(attn):
-    """The q, k and v projections' weights of mlx-lm's Attention `attn` stacked into one
-    [(H + 2 Hkv) D, hidden] matrix, or None where they are not plain bias-free nn.Linear layers
-    (quantised, LoRA, with bias: stock's three projections). Made on first use; the three
-    projections' weights then become views of its rows (same values, no second copy in memory: the
+def _llama_stack_weights(module, names, slot):
+    """The weights of `module`'s sub-layers `names` (plain bias-free nn.Linear layers of one dtype)
+    stacked along the output rows into one matrix, or None where they are not (quantised, LoRA,
+    with bias: stock's separate layers). Made on first use and kept on the module under `slot`;
+    the layers' weights then become views of its rows (same values, no second copy in memory: the
     model's parameters are re-pointed, not duplicated), and it is made again when one of them is
     replaced (loading, fine-tuning)."""
-    q, k, v = attn["q_proj"], attn["k_proj"], attn["v_proj"]  # dict access: Module.__getattr__ is slow
-    got = attn.__dict__.get("_ks_qkv")
-    if got is not None and got[0][0] is q.get("weight") and got[0][1] is k.get("weight") and got[0][2] is v.get("weight"):
+    layers = [module[n] for n in names]  # dict access: Module.__getattr__ is slow
+    got = module.__dict__.get(slot)
+    if got is not None and all(a is p.get("weight") for a, p in zip(got[0], layers)):
         return got[1]
     import mlx.nn as nn
 
-    if any(type(p) is not nn.Linear or "bias" in p for p in (q, k, v)):
+    if any(type(p) is not nn.Linear or "bias" in p for p in layers):
         return None
-    ws = (q["weight"], k["weight"], v["weight"])
-    if ws[1].dtype != ws[0].dtype or ws[2].dtype != ws[0].dtype:
+    ws = [p["weight"] for p in layers]
+    if any(w.dtype != ws[0].dtype for w in ws):
         return None
     w = mx.concatenate(ws, axis=0)
-    a, b = ws[0].shape[0], ws[0].shape[0] + ws[1].shape[0]
-    views = (w[:a], w[a:b], w[b:])
-    q["weight"], k["weight"], v["weight"] = views
-    object.__setattr__(attn, "_ks_qkv", (views, w))  # not Module.__setattr__: no parameter of the model
+    views, a = [], 0
+    for p, wi in zip(layers, ws):
+        views.append(w[a : a + wi.shape[0]])
+        a += wi.shape[0]
+        p["weight"] = views[-1]
+    object.__setattr__(module, slot, (tuple(views), w))  # not Module.__setattr__: no parameter of the model
     return w
+
+
+def _llama_qkv_weight(attn):
+    """The q, k and v projections' weights of mlx-lm's Attention `attn` stacked into one
+    [(H + 2 Hkv) D, hidden] matrix (see _llama_stack_weights), or None."""
+    return _llama_stack_weights(attn, ("q_proj", "k_proj", "v_proj"), "_ks_qkv")
+
+
+def _llama_gate_up_weight(mlp):
+    """The gate and up projections' weights of mlx-lm's Llama MLP `mlp` stacked into one
+    [2 I, hidden] matrix (see _llama_stack_weights), or None."""
+    return _llama_stack_weights(mlp, ("gate_proj", "up_proj"), "_ks_gu")
+
+
+# SwiGLU of the stacked gate/up projection, silu(g) * u, for the patch's MLP path on MLX's CUDA
+# back-end: gu [M, 2 I] (f16; g in columns 0..I-1, u in I..2I-1) -> out [M, I], f32 arithmetic,
+# one rounding. Each thread turns 8 consecutive columns (three 16-byte accesses); dims (int32: M);
+# template I (a multiple of 8). mlx-lm's swiglu (a compiled elementwise kernel on the two
+# projections' outputs) took 49-50 us per layer at L = 4096 on the H200 (2026-12-04,
+# bench/h200-2026-12-04-llama-v2.txt) for 138 MB moved, 2.8 TB/s.
+_LLAMA_SWIGLU_BODY = """
+constexpr int V = I / 8;
+const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+if (i >= (long long)dims[0] * V) return;
+const long long r = i / V;
+const int c = (int)(i - r * V) * 8;
+const __half* row = gu + r * (2LL * I);
+const uint4 a = *reinterpret_cast<const uint4*>(row + c);
+const uint4 b = *reinterpret_cast<const uint4*>(row + I + c);
+const __half2* g2 = reinterpret_cast<const __half2*>(&a);
+const __half2* u2 = reinterpret_cast<const __half2*>(&b);
+uint4 o;
+__half2* o2 = reinterpret_cast<__half2*>(&o);
+#pragma unroll
+for (int j = 0; j < 4; ++j) {
+  const float2 g = __half22float2(g2[j]);
+  const float2 u = __half22float2(u2[j]);
+  o2[j] = __floats2half2_rn(g.x / (1.f + __expf(-g.x)) * u.x, g.y / (1.f + __expf(-g.y)) * u.y);
+}
+*reinterpret_cast<uint4*>(out + r * I + c) = o;
+"""
+_llama_swiglu_dims = {}
+
+
+def _llama_swiglu_ops(gu):
+    """silu(g) * u of gu [..., 2 I] in MLX ops (mlx-lm's own swiglu), any back-end and dtype."""
+    from mlx_lm.models.activations import swiglu
+
+    i = gu.shape[-1] // 2
+    return swiglu(gu[..., :i], gu[..., i:])
+
+
+def _llama_swiglu_cuda(gu):
+    """silu(g) * u of gu [M, 2 I] in one launch (MLX's CUDA back-end, f16, I a multiple of 8),
+    else in MLX ops."""
+    M, I2 = gu.shape
+    I = I2 // 2
+    if gu.dtype != mx.float16 or I % 8 or I2 != 2 * I:
+        return _llama_swiglu_ops(gu)
+    kern = _llama_rope_kernels.get("swiglu")
+    if kern is None:
+        kern = _llama_rope_kernels["swiglu"] = mx.fast.cuda_kernel(
+            name="ks_llama_swiglu", input_names=["gu", "dims"], output_names=["out"], source=_LLAMA_SWIGLU_BODY)
+    dims = _llama_swiglu_dims.get(M)
+    if dims is None:
+        if len(_llama_swiglu_dims) >= 256:
+            _llama_swiglu_dims.clear()
+        dims = _llama_swiglu_dims[M] = mx.array([M], dtype=mx.int32)
+    return kern(inputs=[gu, dims], template=[("I", I)], grid=(M * (I // 8), 1, 1), threadgroup=(256, 1, 1),
+                output_shapes=[(M, I)], output_dtypes=[gu.dtype])[0]
 
 
 def _llama_rope_default():
@@ -334,7 +406,7 @@ def _llama_shape_class(axes, dtype):
 
 
 def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None,
-                       rope="auto", fuse_qkv=True, compile=True):
+                       rope="auto", fuse_qkv=True, compile=True, fuse_mlp=True):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -389,7 +461,18 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     `compile`: the kernel path's array code (the stacked projection with the fused RoPE; the lhd
     attention) runs through mx.compile, traced once per shape for every layer (up to
     LLAMA_COMPILE_SHAPES shapes, then uncompiled), so that building a prefill's graph costs less
-    host time than stock's instead of more."""
+    host time than stock's instead of more.
+    `fuse_mlp`: mlx-lm's `llama.TransformerBlock.__call__` is replaced too, so that a prompt chunk
+    of at least `min_len` tokens runs the rest of the block fused (default True): o_proj with the
+    residual added in the matmul's epilogue (mx.addmm) where the attention took a path of this
+    patch, then the post-attention RMSNorm, the gate and up projections as one matmul over their
+    stacked weights (re-pointed as fuse_qkv's are), silu(g) * u in one launch on MLX's CUDA back-end
+    (f16; mlx-lm's swiglu elsewhere) and down_proj with the second residual in its epilogue,
+    compiled as `compile` says. Blocks whose MLP or norm are not mlx-lm's Llama ones (bias-free
+    nn.Linear of the activations' dtype, nn.RMSNorm), shorter chunks and decode run stock's block.
+    The residual sums are rounded once instead of twice (stock rounds the product, then the sum):
+    logits agree with stock's to f16 rounding, not bit for bit. `unpatch.mlp` counts the blocks it
+    ran ({"fused": n})."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
     if attention is None:
         attention = d_attention
@@ -430,6 +513,11 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     reasons = {}
     rope_stats = {"fused": 0}
     qkv_stats = {"fused": 0}
+    mlp_stats = {"fused": 0}
+    blk_cls = _llama.TransformerBlock
+    blk_previous = blk_cls.__dict__["__call__"]
+    blk_stock = getattr(blk_previous, "_ksearch_stock", blk_previous)
+    swiglu = _llama_swiglu_cuda if _llama_rope_default() is not None else _llama_swiglu_ops
 
     # What `admits` said per shape: it evaluates the kernel's constraints and builds in Python
     # (~0.1 ms), once per layer and call otherwise, which a prefill of 16 layers notices.
@@ -460,7 +548,18 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         o = lhd(q, k, v, causal=causal).reshape(B, L, -1)
         return o if o.dtype == q.dtype else o.astype(q.dtype)
 
+    # The block's rest after the attention (fuse_mlp): o_proj and the residual, the post-attention
+    # norm, the MLP and its residual; `o` is o_proj's input (None: `r` is the attention's output).
+    def tail(x, o, wo, r, ln_w, wgu, wd, eps):
+        B, L, M = x.shape
+        x2 = x.reshape(B * L, M)
+        h = mx.addmm(x2, o.reshape(B * L, -1), wo.T) if o is not None else x2 + r.reshape(B * L, M)
+        act = swiglu(mx.fast.rms_norm(h, ln_w, eps) @ wgu.T)
+        return mx.addmm(h, act, wd.T).reshape(B, L, M)
+
     front_c, back_c = (mx.compile(front), mx.compile(back)) if compile else (None, None)
+    tail_o_c = mx.compile(lambda x, o, wo, ln_w, wgu, wd, eps: tail(x, o, wo, None, ln_w, wgu, wd, eps)) if compile else None
+    tail_r_c = mx.compile(lambda x, r, ln_w, wgu, wd, eps: tail(x, None, None, r, ln_w, wgu, wd, eps)) if compile else None
     compiled_sigs = set()
 
     def _compiled_for(sig, fn_c, fn):
@@ -506,31 +605,33 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
                                        self.k_proj(x).reshape(B, L, self.n_kv_heads, -1),
                                        self.v_proj(x).reshape(B, L, self.n_kv_heads, -1), self.rope, offset)
         if rotated is None:
-            return stock_call("cache_offset", self, x, mask, cache)
+            return None, stock_call("cache_offset", self, x, mask, cache)
         stats["stock"] += 1
         reasons["cache_offset"] = reasons.get("cache_offset", 0) + 1
         rope_stats["fused"] += 1
         queries = rotated[0].transpose(0, 2, 1, 3)
         keys, values = cache.update_and_fetch(rotated[1], rotated[2])
         o = _llama.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
-        return self.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return o.transpose(0, 2, 1, 3).reshape(B, L, -1), None
 
-    def __call__(self, x, mask=None, cache=None):
+    def attend(self, x, mask, cache):
+        """(o, None) with o_proj's input o [B, L, H * D] where a path of this patch ran, or
+        (None, r) with stock's whole output r."""
         B, L, _ = x.shape
         if L < min_len:
-            return stock_call("short", self, x, mask, cache)
+            return None, stock_call("short", self, x, mask, cache)
         if hasattr(cache, "bits"):
-            return stock_call("quantized_cache", self, x, mask, cache)
+            return None, stock_call("quantized_cache", self, x, mask, cache)
         if not (mask is None or (isinstance(mask, str) and mask == "causal")):
-            return stock_call("mask", self, x, mask, cache)
+            return None, stock_call("mask", self, x, mask, cache)
         if cache is not None:
             off = getattr(cache, "offset", None)
             if not (isinstance(off, int) and off == 0):
                 if isinstance(off, int) and off > 0 and hasattr(cache, "update_and_fetch"):
                     return chunk_call(self, x, mask, cache, off)
-                return stock_call("cache_offset", self, x, mask, cache)
+                return None, stock_call("cache_offset", self, x, mask, cache)
         if abs(self.scale * _llama_math.sqrt(self.head_dim) - 1.0) > 1e-6:
-            return stock_call("scale", self, x, mask, cache)
+            return None, stock_call("scale", self, x, mask, cache)
 
         # stock's arithmetic (mlx-lm 0.32 llama.Attention.__call__) up to the attention
         rotated = fused_front(self, x, 0)
@@ -610,15 +711,69 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
             stats["stock"] += 1
             reasons[reason] = reasons.get(reason, 0) + 1
             output = stock_out()
-        return self.o_proj(output)
+        return output, None
+
+    def __call__(self, x, mask=None, cache=None):
+        o, r = attend(self, x, mask, cache)
+        return r if o is None else self.o_proj(o)
+
+    def fused_block(self, x, mask, cache):
+        """The block's output through the fused tail, or None where fuse_mlp does not hold."""
+        import mlx.nn as nn
+
+        B, L, M = x.shape
+        if not fuse_mlp or L < min_len:
+            return None
+        mlp, ln, attn = self["mlp"], self["post_attention_layernorm"], self["self_attn"]
+        if type(mlp) is not _llama.MLP or type(ln) is not nn.RMSNorm or "weight" not in ln:
+            return None
+        down = mlp["down_proj"]
+        if type(down) is not nn.Linear or "bias" in down or down["weight"].dtype != x.dtype:
+            return None
+        if mlp["gate_proj"].get("weight", x).dtype != x.dtype:
+            return None  # checked before stacking: a model this path does not serve keeps its weights
+        wgu = _llama_gate_up_weight(mlp)
+        if wgu is None:
+            return None
+        xn = self["input_layernorm"](x)
+        if type(attn) is cls and cls.__dict__.get("__call__") is __call__:
+            o, r = attend(attn, xn, mask, cache)
+        else:
+            o, r = None, attn(xn, mask, cache)
+        if o is not None:
+            op = attn["o_proj"]
+            if type(op) is nn.Linear and "bias" not in op and op["weight"].dtype == x.dtype:
+                wo = op["weight"]
+            else:
+                o, r = None, op(o)
+        mlp_stats["fused"] += 1
+        eps = float(ln.eps)
+        if o is not None:
+            f = _compiled_for(("tail_o", B, L, M, o.shape[-1], wgu.shape[0], str(x.dtype), eps), tail_o_c, None)
+            if f is not None:
+                return f(x, o, wo, ln["weight"], wgu, down["weight"], eps)
+            return tail(x, o, wo, None, ln["weight"], wgu, down["weight"], eps)
+        f = _compiled_for(("tail_r", B, L, M, wgu.shape[0], str(x.dtype), eps), tail_r_c, None)
+        if f is not None:
+            return f(x, r, ln["weight"], wgu, down["weight"], eps)
+        return tail(x, None, None, r, ln["weight"], wgu, down["weight"], eps)
+
+    def block_call(self, x, mask=None, cache=None):
+        out = fused_block(self, x, mask, cache)
+        return blk_stock(self, x, mask, cache) if out is None else out
 
     __call__._ksearch_stock = stock
     __call__._ksearch_patched = True
     cls.__call__ = __call__
+    block_call._ksearch_stock = blk_stock
+    block_call._ksearch_patched = True
+    blk_cls.__call__ = block_call
 
     def unpatch():
         if cls.__dict__.get("__call__") is __call__:
             cls.__call__ = previous
+        if blk_cls.__dict__.get("__call__") is block_call:
+            blk_cls.__call__ = blk_previous
 
     unpatch.stats = stats
     unpatch.reasons = reasons
@@ -626,6 +781,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.lhd = lhd is not None
     unpatch.rope = rope_stats
     unpatch.qkv = qkv_stats
+    unpatch.mlp = mlp_stats
     unpatch.choices = choices
     unpatch.admitted = admitted
     return unpatch

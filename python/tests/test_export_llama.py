@@ -26,12 +26,14 @@ HERE = pathlib.Path(__file__).resolve().parent
 TAIL = HERE.parent / "ksearch_mlx" / "export_tail.py"
 LLAMA = HERE.parent / "ksearch_mlx" / "export_llama.py"
 STOCK = llama.Attention.__dict__["__call__"]
+STOCK_BLOCK = llama.TransformerBlock.__dict__["__call__"]
 
 
 @pytest.fixture(autouse=True)
 def restore_stock():
     yield
     llama.Attention.__call__ = STOCK
+    llama.TransformerBlock.__call__ = STOCK_BLOCK
 
 
 def tiny_llama(dtype=mx.float32, head_dim=None, seed=0):
@@ -269,7 +271,7 @@ def test_exported_module_patches_with_its_own_kernel_where_its_builds_admit():
     # head size 32: no build admits it (HD == D); an f32 model: the kernel reads f16
     for model, reason in ((tiny_llama(mx.float16), "constraints"), (tiny_llama(mx.float32, head_dim=64), "dtype")):
         n = len(seen)
-        unpatch = mod.patch_mlx_lm_llama(min_len=4, choose="always")
+        unpatch = mod.patch_mlx_lm_llama(min_len=4, choose="always", fuse_mlp=False)
         out = model(ids)
         unpatch()
         assert_close(out, _stock_logits(model, ids), 0.0, reason)
@@ -585,3 +587,68 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
     b = tiny_llama(mx.float16)
     b.model.layers[0].self_attn.k_proj = nn.Linear(128, 64, bias=True)
     assert export_llama._llama_qkv_weight(b.model.layers[0].self_attn) is None
+
+
+def test_fuse_mlp_runs_the_blocks_rest_fused_for_prefill_only():
+    """fuse_mlp (default): a prefill chunk's block runs o_proj with the residual in the matmul, the
+    post-attention norm, gate and up as one matmul over stacked weights, swiglu and down_proj with
+    the second residual; logits as stock's to f16 rounding; decode and a model it does not serve
+    keep stock's block; unpatch restores it."""
+    import mlx.nn as nn
+
+    m = tiny_llama(mx.float16)
+    ids = mx.random.randint(0, 101, (2, 24))
+    ref = prefill_and_decode(m, ids, 2)
+    mlp = m.model.layers[1].mlp
+    g0, u0 = mlp.gate_proj.weight, mlp.up_proj.weight
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]))
+    assert llama.TransformerBlock.__call__ is not STOCK_BLOCK
+    got = prefill_and_decode(m, ids, 2)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"call {i}")
+    assert unpatch.mlp == {"fused": 2}, unpatch.mlp  # the prefill's two blocks; decode stock
+    # the stacked weight's rows are the two projections' weights, with their values
+    w = export_llama._llama_gate_up_weight(mlp)
+    assert w.shape == (512, 128) and export_llama._llama_gate_up_weight(mlp) is w
+    assert mx.array_equal(mlp.gate_proj.weight, g0).item() and mx.array_equal(mlp.up_proj.weight, u0).item()
+    assert mx.array_equal(w[256:], u0).item()
+    # a wrong MLP is caught: the fused path really computes the block (no silent stock fallback)
+    mlp.up_proj.weight = mlp.up_proj.weight * 3
+    bad = m(ids)
+    mlp.up_proj.weight = u0
+    assert unpatch.mlp == {"fused": 4}
+    assert mx.max(mx.abs(bad.astype(mx.float32) - ref[0].astype(mx.float32))).item() > 1e-1
+    # attention on stock's path (a mask array): the block still fuses, with stock's o_proj output
+    h = mx.random.normal((1, 12, 128)).astype(mx.float16)
+    blk = m.model.layers[0]
+    mask = mx.tril(mx.ones((12, 12), dtype=mx.bool_))
+    out = blk(h, mask=mask)
+    unpatch()
+    assert llama.TransformerBlock.__call__ is STOCK_BLOCK
+    assert_close(out, blk(h, mask=mask), TOL[mx.float16], "stock attention, fused rest")
+    assert unpatch.reasons.get("mask") == 1 and unpatch.mlp == {"fused": 5}
+    # fuse_mlp=False: stock's block
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", fuse_mlp=False)
+    mx.eval(m(ids))
+    unpatch()
+    assert unpatch.mlp == {"fused": 0} and unpatch.stats["kernel"] == 2
+    # MLPs it cannot fuse keep stock's block: quantised, biased; and their weights untouched
+    q = tiny_llama(mx.float16)
+    nn.quantize(q, group_size=32, bits=4)
+    b = tiny_llama(mx.float16)
+    b.model.layers[0].mlp.down_proj = nn.Linear(256, 128, bias=True)
+    b.model.layers[0].mlp.down_proj.set_dtype(mx.float16)
+    g_b = b.model.layers[0].mlp.gate_proj.weight
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always")
+    mx.eval(q(ids), b(ids))
+    unpatch()
+    assert unpatch.mlp == {"fused": 1}, unpatch.mlp  # b's second block only
+    assert b.model.layers[0].mlp.gate_proj.weight is g_b
+    assert export_llama._llama_gate_up_weight(q.model.layers[0].mlp) is None
+
+
+def test_swiglu_in_ops_is_mlx_lms():
+    from mlx_lm.models.activations import swiglu
+
+    gu = mx.random.normal((5, 48)).astype(mx.float16)
+    assert mx.array_equal(export_llama._llama_swiglu_ops(gu), swiglu(gu[:, :24], gu[:, 24:])).item()

@@ -31,6 +31,7 @@ DTYPES = {
     # export_llama.py's fused RoPE (int32 is `int`, as crates/eval/src/mlx_cuda.rs wraps it)
     "ks_llama_rope": {"q": "__half", "k": "__half", "v": "__half", "dims": "int", "p": "float", "qo": "__half",
                       "ko": "__half", "vo": "__half"},
+    "ks_llama_swiglu": {"gu": "__half", "dims": "int", "out": "__half"},
 }
 
 
@@ -122,13 +123,13 @@ def test_glue_kernels_compile(nvrtc, name, sizes):
 LLAMA = TAIL.parent / "export_llama.py"
 
 
-def rope_body():
+def llama_body(name="_LLAMA_ROPE_BODY"):
     src = LLAMA.read_text()
-    start = src.index("_LLAMA_ROPE_BODY = ")
+    start = src.index(f"{name} = ")
     end = src.index('"""', src.index('"""', start) + 3) + 3
     ns = {}
     exec(compile(src[start:end], str(LLAMA), "exec"), ns)
-    return ns["_LLAMA_ROPE_BODY"]
+    return ns[name]
 
 
 @pytest.mark.parametrize("qkv", [0, 1])
@@ -136,9 +137,18 @@ def rope_body():
 def test_the_llama_patchs_fused_rope_compiles(nvrtc, D, qkv):
     """export_llama.py's RoPE kernel (mx.fast.cuda_kernel: q, k, v, dims, p -> qo, ko, vo; template
     D and QKV)."""
-    rc, log = compile_src(nvrtc, wrap("ks_llama_rope", ["q", "k", "v", "dims", "p"], ["qo", "ko", "vo"], rope_body(),
+    rc, log = compile_src(nvrtc, wrap("ks_llama_rope", ["q", "k", "v", "dims", "p"], ["qo", "ko", "vo"], llama_body(),
                                       dict(D=D, QKV=qkv)))
     assert rc == 0, f"D={D} QKV={qkv}: NVRTC failed:\n{log}"
+    assert "warning" not in log.lower(), log
+
+
+@pytest.mark.parametrize("I", [5632, 8192, 8])
+def test_the_llama_patchs_swiglu_compiles(nvrtc, I):
+    """export_llama.py's silu(g) * u kernel (gu, dims -> out; template I)."""
+    rc, log = compile_src(nvrtc, wrap("ks_llama_swiglu", ["gu", "dims"], ["out"], llama_body("_LLAMA_SWIGLU_BODY"),
+                                      dict(I=I)))
+    assert rc == 0, f"I={I}: NVRTC failed:\n{log}"
     assert "warning" not in log.lower(), log
 
 
