@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: Nsight Compute on scan kernels at the five anchor shapes (one checked launch
-# per shape, no timing, no peer): throughput, pipe utilisation, scheduler and warp-state (stall)
-# statistics, to see what binds a kernel rather than guess it. Text reports land in $OUT.
+# per shape, no timing, no peer): throughput, pipe utilisation, shared-memory wavefronts, scheduler
+# and warp-state statistics with the cycles per issued instruction by stall reason, to see what
+# binds a kernel rather than guess it. Text reports land in $OUT.
 #
 # PROFILE is a ';'-separated list of kernel:FIX, FIX as bench/cuda_dev.py's KS_FIX (one
 # configuration each, the one nearest the defaults that FIX admits), e.g.
@@ -14,7 +15,15 @@ OUTDIR=${OUT:-/tmp/scan-ncu}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1 KS_CUBIN_DIR=${KS_CUBIN_DIR:-$PWD/.scan-cubins} KS_MAMBA_PEER=/nonexistent
 export KS_TIME=0 KS_SUITES=${SUITES:-anchor} KS_MAXCFG=1 KS_HELDOUT=0
-SECTIONS=${SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis SchedulerStats WarpStateStats InstructionStats Occupancy LaunchStats}
+SECTIONS=${SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables SchedulerStats WarpStateStats InstructionStats Occupancy LaunchStats}
+# where the warps wait: cycles per issued instruction by stall reason (STALLS=0 leaves them out)
+STALL_METRICS=
+if [ "${STALLS:-1}" = 1 ]; then
+    for r in barrier branch_resolving dispatch_stall drain imc_miss lg_throttle long_scoreboard math_pipe_throttle \
+             membar mio_throttle misc no_instruction not_selected selected short_scoreboard sleeping tex_throttle wait; do
+        STALL_METRICS+=${STALL_METRICS:+,}smsp__average_warp_latency_issue_stalled_${r}.ratio
+    done
+fi
 IFS=';' read -ra ITEMS <<< "${PROFILE:?PROFILE=kernel:FIX;...}"
 for item in "${ITEMS[@]}"; do
     kern=${item%%:*}
@@ -27,8 +36,9 @@ for item in "${ITEMS[@]}"; do
     fi
     args=()
     for s in $SECTIONS; do args+=(--section "$s"); done
+    [ -n "$STALL_METRICS" ] && args+=(--metrics "$STALL_METRICS")
     KS_KERNELS=$kern KS_FIX=$fix ncu -k regex:mamba_scan -c "${COUNT:-5}" "${args[@]}" \
         python3 bench/cuda_dev.py run mamba_scan > "$OUTDIR/ncu_$tag.txt" 2>&1
     echo "$item: exit $? ($OUTDIR/ncu_$tag.txt)"
-    grep -E "^==== checked|Duration|Issue Slots Busy|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler" "$OUTDIR/ncu_$tag.txt" | head -40
+    grep -E "^==== checked|Duration|Issue Slots Busy|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|stalled|Shared|Executed Instructions" "$OUTDIR/ncu_$tag.txt" | head -60
 done

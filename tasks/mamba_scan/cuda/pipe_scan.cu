@@ -34,7 +34,8 @@
 //
 // Tunables: NS (== N), SPT (states per lane: 1, 2 or 4), CB (channels per block), CHUNK (steps per
 // shared-memory tile), U (steps per pipeline group), POLY (0-2: steps of every 4 whose state-0
-// exponential is a polynomial on the FMA pipe), PACK (f16 pairs in shared memory), SWZ (lane order).
+// exponential is a polynomial on the FMA pipe), PACK (f16 pairs in shared memory), SWZ (lane order),
+// IL (the two stages interleaved step by step in the source: see prep_run).
 //
 // The same file is the MLX twin: [backends.mlx-cuda] runs it as a whole CUDA unit (NVRTC with
 // -DKS_AXIS=int, mx.fast.precompiled_cuda_kernel); on MLX's stream it takes 0.93-1.01x the CUDA
@@ -67,6 +68,9 @@
 #endif
 #ifndef SWZ
 #define SWZ 0
+#endif
+#ifndef IL
+#define IL 0
 #endif
 #define GL (NS / SPT)       // lanes per channel
 #define NTH (CB * GL)       // threads per block
@@ -200,73 +204,96 @@ __device__ __forceinline__ void convert(Smem& sm, const Raw& r, int tid) {
     }
 }
 
-// Stage 1 of a group of U steps from step t0: what does not depend on the state.
-__device__ __forceinline__ void prep(const Smem& sm, int t0, int cl, int sg, const float (&a2)[SPT],
-                                     float (&e)[U][SPT], float (&x)[U][SPT], float (&cv)[U][SPT]) {
-#pragma unroll
-    for (int i = 0; i < U; i++) {
-        float bv[SPT];
+// Stage 1 of step t0 + i (slot i of a group's registers): what does not depend on the state.
+__device__ __forceinline__ void prep_step(const Smem& sm, int t0, int i, int cl, int sg, const float (&a2)[SPT],
+                                          float (&e)[U][SPT], float (&x)[U][SPT], float (&cv)[U][SPT]) {
+    float bv[SPT];
 #if PACK >= 2
-        float2 f;
-        h2x2(sm.f[t0 + i][cl], f.x, f.y);
-        f.y *= f.x;
+    float2 f;
+    h2x2(sm.f[t0 + i][cl], f.x, f.y);
+    f.y *= f.x;
 #else
-        const float2 f = sm.f[t0 + i][cl];
+    const float2 f = sm.f[t0 + i][cl];
 #endif
 #if PACK >= 1
-        unsigned q[SPT];
+    unsigned q[SPT];
 #if SPT == 1
-        q[0] = sm.bc[t0 + i][sg];
+    q[0] = sm.bc[t0 + i][sg];
 #elif SPT == 2
-        const uint2 w2 = *(const uint2*)&sm.bc[t0 + i][2 * sg];
-        q[0] = w2.x;
-        q[1] = w2.y;
+    const uint2 w2 = *(const uint2*)&sm.bc[t0 + i][2 * sg];
+    q[0] = w2.x;
+    q[1] = w2.y;
 #else
-        const uint4 w4 = *(const uint4*)&sm.bc[t0 + i][4 * sg];
-        q[0] = w4.x;
-        q[1] = w4.y;
-        q[2] = w4.z;
-        q[3] = w4.w;
+    const uint4 w4 = *(const uint4*)&sm.bc[t0 + i][4 * sg];
+    q[0] = w4.x;
+    q[1] = w4.y;
+    q[2] = w4.z;
+    q[3] = w4.w;
 #endif
 #pragma unroll
-        for (int j = 0; j < SPT; j++) h2x2(q[j], bv[j], cv[i][j]);
+    for (int j = 0; j < SPT; j++) h2x2(q[j], bv[j], cv[i][j]);
 #else
 #if SPT == 1
-        const float2 w = sm.bc[t0 + i][sg];
-        bv[0] = w.x;
-        cv[i][0] = w.y;
+    const float2 w = sm.bc[t0 + i][sg];
+    bv[0] = w.x;
+    cv[i][0] = w.y;
 #else
 #pragma unroll
-        for (int j = 0; j < SPT; j += 2) {
-            const float4 w = *(const float4*)&sm.bc[t0 + i][sg * SPT + j];
-            bv[j] = w.x;
-            cv[i][j] = w.y;
-            bv[j + 1] = w.z;
-            cv[i][j + 1] = w.w;
-        }
+    for (int j = 0; j < SPT; j += 2) {
+        const float4 w = *(const float4*)&sm.bc[t0 + i][sg * SPT + j];
+        bv[j] = w.x;
+        cv[i][j] = w.y;
+        bv[j + 1] = w.z;
+        cv[i][j + 1] = w.w;
+    }
 #endif
 #endif
 #pragma unroll
-        for (int j = 0; j < SPT; j++) {
-            const float z = f.x * a2[j];
-            e[i][j] = (POLY > 0 && j == 0 && (i & 3) < POLY) ? ex2_poly(z) : ex2(z);
-            x[i][j] = f.y * bv[j];
-        }
+    for (int j = 0; j < SPT; j++) {
+        const float z = f.x * a2[j];
+        e[i][j] = (POLY > 0 && j == 0 && (i & 3) < POLY) ? ex2_poly(z) : ex2(z);
+        x[i][j] = f.y * bv[j];
     }
 }
 
-// Stage 2: the recurrence of the group and each step's partial sum of Cm . h.
+// Stage 2 of step t0 + i: the recurrence and the step's partial sum of Cm . h.
+__device__ __forceinline__ void run_step(float* __restrict__ part, int t0, int i, float (&h)[SPT], const float (&e)[U][SPT],
+                                         const float (&x)[U][SPT], const float (&cv)[U][SPT]) {
+    float p = 0.f;
+#pragma unroll
+    for (int j = 0; j < SPT; j++) {
+        h[j] = fmaf(e[i][j], h[j], x[i][j]);
+        p = fmaf(cv[i][j], h[j], p);
+    }
+    part[(t0 + i) * TS] = p;
+}
+
+// Stage 1 of a group of U steps from step t0.
+__device__ __forceinline__ void prep(const Smem& sm, int t0, int cl, int sg, const float (&a2)[SPT],
+                                     float (&e)[U][SPT], float (&x)[U][SPT], float (&cv)[U][SPT]) {
+#pragma unroll
+    for (int i = 0; i < U; i++) prep_step(sm, t0, i, cl, sg, a2, e, x, cv);
+}
+
+// Stage 2 of a group of U steps from step t0.
 __device__ __forceinline__ void run(float* __restrict__ part, int t0, float (&h)[SPT], const float (&e)[U][SPT],
                                     const float (&x)[U][SPT], const float (&cv)[U][SPT]) {
 #pragma unroll
-    for (int i = 0; i < U; i++) {
-        float p = 0.f;
+    for (int i = 0; i < U; i++) run_step(part, t0, i, h, e, x, cv);
+}
+
+// Both stages at once, step by step (IL=1): step i of group t1's stage 1 into one register set,
+// then step i of group t0's recurrence from the other, so each link of the recurrence's chain
+// (h = e * h + x, four cycles) is a step's worth of independent instructions away from the next
+// one in the instruction stream, not left to the scheduler to find.
+__device__ __forceinline__ void prep_run(const Smem& sm, float* __restrict__ part, int t1, int t0, int cl, int sg,
+                                         const float (&a2)[SPT], float (&h)[SPT], float (&eN)[U][SPT],
+                                         float (&xN)[U][SPT], float (&cN)[U][SPT], const float (&e)[U][SPT],
+                                         const float (&x)[U][SPT], const float (&cv)[U][SPT]) {
 #pragma unroll
-        for (int j = 0; j < SPT; j++) {
-            h[j] = fmaf(e[i][j], h[j], x[i][j]);
-            p = fmaf(cv[i][j], h[j], p);
-        }
-        part[(t0 + i) * TS] = p;
+    for (int i = 0; i < U; i++) {
+        prep_step(sm, t1, i, cl, sg, a2, eN, xN, cN);
+        run_step(part, t0, i, h, e, x, cv);
     }
 }
 
@@ -333,13 +360,22 @@ extern "C" __global__ void __launch_bounds__(NTH) mamba_scan(
             prep(sm, 0, cl, sg, a2, eA, xA, cA);
 #pragma unroll 1
             for (int g = 0; g < ng - 2; g += 2) {
+#if IL
+                prep_run(sm, part, (g + 1) * U, g * U, cl, sg, a2, h, eB, xB, cB, eA, xA, cA);
+                prep_run(sm, part, (g + 2) * U, (g + 1) * U, cl, sg, a2, h, eA, xA, cA, eB, xB, cB);
+#else
                 prep(sm, (g + 1) * U, cl, sg, a2, eB, xB, cB);
                 run(part, g * U, h, eA, xA, cA);
                 prep(sm, (g + 2) * U, cl, sg, a2, eA, xA, cA);
                 run(part, (g + 1) * U, h, eB, xB, cB);
+#endif
             }
+#if IL
+            prep_run(sm, part, (ng - 1) * U, (ng - 2) * U, cl, sg, a2, h, eB, xB, cB, eA, xA, cA);
+#else
             prep(sm, (ng - 1) * U, cl, sg, a2, eB, xB, cB);
             run(part, (ng - 2) * U, h, eA, xA, cA);
+#endif
             run(part, (ng - 1) * U, h, eB, xB, cB);
         }
         cp_wait0();       // chunk k + 1 landed (this thread's copies)

@@ -1,0 +1,353 @@
+// Selective scan parallel over time inside a warp: one warp per channel, its 32 lanes holding K
+// consecutive steps each of a chunk of T = 32 K steps, every state's recurrence solved by a warp
+// scan of the lanes' affine maps. One launch, every exp(delta * A) computed once, no scratch.
+//
+// The recurrence h_t = e_t h_{t-1} + x_t (e = exp2(delta * A * log2 e), x = delta * u * Bm) is
+// an affine map per step; composed over a lane's K steps it is h -> P h + hl (P the product of
+// the e's, hl the state from zero). Per state, each lane first runs its K steps from zero, keeping
+// each step's (P_k, hl_k); the warp then composes the lanes' maps in order (an inclusive scan of
+// five shuffle rounds, shifted by one lane), so each lane learns the state entering its steps,
+// h_in = P_before * h_chunk + hl_before, where h_chunk is the state entering the chunk (the last
+// lane's state at the end of the previous chunk, broadcast); a second pass forms each step's
+// state h_k = P_k h_in + hl_k and adds Cm_k h_k to the step's y, which the lane keeps in registers
+// for all NS states, so no partial sums cross lanes or shared memory. The only sequential chain
+// from chunk to chunk is two FMAs and a shuffle per state.
+//
+// pipe_scan, the single pass with NS / SPT lanes per channel, gets at most 8 warps per SM at
+// batch 1 (D = 2048: 2 channels per warp) and is bound by the latency of their dependent
+// instructions (Nsight Compute, H200, 2026-12-04: 2 warps per scheduler, one instruction every 3.3
+// cycles, stalls mostly on fixed-latency dependencies and shared-memory results) and by shared
+// memory (per lane and step: (delta, delta u), (Bm, Cm), the partial sum stored and read back).
+// Here a channel is one warp (16 per SM at D = 2048), a lane reads its steps' (Bm, Cm) as 16-byte
+// vectors (one 32-bit word per step and state) and its delta and u once per chunk for all states.
+//
+// Shared memory per block (CB warps = CB channels of one batch): the raw rows of the next chunk
+// (16-, 8- or 4-byte cp.async: delta and u of the CB channels, Bm and Cm; issued before a chunk's
+// compute, so they land meanwhile),
+// converted once per chunk to what the lanes read: delta and u per channel with a lane's K steps
+// contiguous, (Bm, Cm) as f16 pairs per state with a lane's K steps contiguous (rows padded so that
+// 8 lanes' 16-byte reads fall in 8 distinct bank quads); y staged per chunk in the lanes' layout
+// and stored row by row.
+//
+// Any L (steps past L are zeros: a zero step leaves the state unchanged, exp2(0) = 1 and
+// delta u Bm = 0; y stored only below L), any D (warps past D compute zeros and store nothing;
+// element loads where D % (row piece) != 0). Tunables: NS (== N), K (steps per lane: 4, 8, 16),
+// CB (channels, i.e. warps, per block: 4, 8, 16), BF ((Bm, Cm) in shared memory as f16 pairs, one
+// word per step and state widened in the loop, or as f32 pairs: twice the words, no conversions).
+// The same file is the MLX twin (form = "cuda", -DKS_AXIS=int).
+#ifndef KS_AXIS
+#define KS_AXIS long long
+#endif
+#ifndef NS
+#define NS 16
+#endif
+#ifndef K
+#define K 8
+#endif
+#ifndef CB
+#define CB 8
+#endif
+#ifndef BF
+#define BF 0
+#endif
+#define T (32 * K)                     // steps per chunk
+#define NTH (32 * CB)                  // threads per block
+#define BW (BF ? 2 * K : K)            // 32-bit words of a lane's (Bm, Cm): f16 pairs, or f32 pairs (BF=1)
+#define KP ((BW / 4) % 2 == 0 ? BW + 4 : BW)  // words per lane row of (Bm, Cm): 16-byte reads spread over bank quads
+#define KH (K > 8 ? K + 8 : K)         // halves per lane row of delta, u and y
+#define CR (32 * KH + 8)               // halves per channel of delta, u and y (padded: a convert pass's stores spread)
+#define SR (32 * KP + 4)               // words per state of (Bm, Cm) (padded likewise)
+#define RB (2 * CB)                    // bytes per row of the CB channels' delta (or u)
+#define PB (RB >= 16 ? 16 : RB)        // bytes per cp.async piece of those rows
+#define LOG2E 1.4426950408889634f
+#if K != 4 && K != 8 && K != 16
+#error "K must be 4, 8 or 16"
+#endif
+#if CB != 4 && CB != 8 && CB != 16
+#error "CB must be 4, 8 or 16"
+#endif
+#if NS != 8 && NS != 16
+#error "NS must be 8 or 16"
+#endif
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// PB bytes, or zeros when n == 0 (nothing is read from g then).
+__device__ __forceinline__ void cp_piece(void* s, const void* g, int n) {
+#if PB == 16
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+#elif PB == 8
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+#else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp16(void* s, const void* g, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float lo2f(unsigned w) { float f; asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, l;}" : "=f"(f) : "r"(w)); return f; }
+__device__ __forceinline__ float hi2f(unsigned w) { float f; asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, h;}" : "=f"(f) : "r"(w)); return f; }
+__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+struct __align__(16) Raw {
+    unsigned short dl[T][CB];
+    unsigned short uu[T][CB];
+    unsigned short bm[T][NS];
+    unsigned short cm[T][NS];
+};
+struct __align__(16) Smem {
+    Raw raw;                   // the next chunk's rows, landing while this one is computed
+    unsigned short dlt[CB][CR];  // delta: channel, then lane rows of the lane's K steps
+    unsigned short ut[CB][CR];   // u
+    unsigned short yt[CB][CR];   // y of the chunk, f16
+    unsigned bc[NS][SR];         // (Bm, Cm) pairs: state, then lane rows of the lane's K steps
+    float a2[CB][NS];            // A * log2(e) of the block's channels
+    float hc[CB][NS];            // the state entering the chunk
+};
+
+// One chunk's raw rows (steps from nt on and channels from nc on are zeros).
+__device__ __forceinline__ void load_chunk(Raw& r, const unsigned short* dl, const unsigned short* uu,
+                                           const unsigned short* bm, const unsigned short* cm, long long D, int nt,
+                                           int nc, bool al, int tid) {
+    if (al) {
+        constexpr int RP = RB / PB;  // pieces per row
+        constexpr int HP = PB / 2;   // halves per piece
+        for (int i = tid; i < T * RP; i += NTH) {
+            const int t = i / RP, p = i % RP;
+            const bool ok = t < nt && HP * p < nc;
+            const long long x = ok ? (long long)t * D + HP * p : 0;
+            cp_piece(&r.dl[t][HP * p], dl + x, ok ? PB : 0);
+            cp_piece(&r.uu[t][HP * p], uu + x, ok ? PB : 0);
+        }
+    } else {
+        for (int i = tid; i < T * CB; i += NTH) {
+            const int t = i / CB, c = i % CB;
+            const bool ok = t < nt && c < nc;
+            const long long x = (long long)t * D + c;
+            r.dl[t][c] = ok ? dl[x] : (unsigned short)0;
+            r.uu[t][c] = ok ? uu[x] : (unsigned short)0;
+        }
+    }
+    for (int i = tid; i < T * NS / 8; i += NTH) {
+        const bool ok = 8 * i < nt * NS;
+        cp16(&r.bm[0][0] + 8 * i, bm + (ok ? 8 * i : 0), ok ? 16 : 0);
+        cp16(&r.cm[0][0] + 8 * i, cm + (ok ? 8 * i : 0), ok ? 16 : 0);
+    }
+}
+
+// Raw rows to the lanes' layouts. Thread tid moves channel tid % CB of steps tid / CB + j NTH / CB
+// (and the state pair 2 (tid % (NS / 2)) of steps tid / (NS / 2) + j 2 NTH / NS): fixed strides in
+// both layouts, no index arithmetic per element (NTH / CB = 32 and 2 NTH / NS are multiples of K).
+__device__ __forceinline__ void convert(Smem& sm, const Raw& r, int tid) {
+    {
+        constexpr int ST = NTH / CB;  // = 32 steps
+        const int c = tid % CB, t0 = tid / CB;
+        const unsigned short* sd = &r.dl[t0][c];
+        const unsigned short* su = &r.uu[t0][c];
+        unsigned short* dd = &sm.dlt[c][(t0 / K) * KH + t0 % K];
+        unsigned short* du = &sm.ut[c][(t0 / K) * KH + t0 % K];
+#pragma unroll
+        for (int j = 0; j < T / ST; j++) {
+            dd[j * (ST / K) * KH] = sd[j * ST * CB];
+            du[j * (ST / K) * KH] = su[j * ST * CB];
+        }
+    }
+    {
+        constexpr int ST = 2 * NTH / NS;  // steps per round
+        static_assert(ST % K == 0, "2 NTH / NS must be a multiple of K");
+        const int n = 2 * (tid % (NS / 2)), t0 = tid / (NS / 2);
+        const unsigned* sb = (const unsigned*)&r.bm[t0][n];
+        const unsigned* sc = (const unsigned*)&r.cm[t0][n];
+        const int o = (t0 / K) * KP + (BF ? 2 : 1) * (t0 % K);
+#pragma unroll
+        for (int j = 0; j < T / ST; j++) {
+            const unsigned wb = sb[j * ST * NS / 2], wc = sc[j * ST * NS / 2];
+            const int oj = o + j * (ST / K) * KP;
+#if BF
+            float b0, b1, c0, c1;
+            asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %4;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n"
+                " mov.b32 {l, h}, %5;\n cvt.f32.f16 %2, l;\n cvt.f32.f16 %3, h;}"
+                : "=f"(b0), "=f"(b1), "=f"(c0), "=f"(c1) : "r"(wb), "r"(wc));
+            *(float2*)&sm.bc[n][oj] = make_float2(b0, c0);
+            *(float2*)&sm.bc[n + 1][oj] = make_float2(b1, c1);
+#else
+            sm.bc[n][oj] = __byte_perm(wb, wc, 0x5410);
+            sm.bc[n + 1][oj] = __byte_perm(wb, wc, 0x7632);
+#endif
+        }
+    }
+}
+
+// K halves of a lane row to f32.
+__device__ __forceinline__ void row_f32(const unsigned short* s, float (&v)[K]) {
+#pragma unroll
+    for (int q = 0; q < K / 8 + (K < 8); q++) {
+#if K >= 8
+        const uint4 w = *(const uint4*)(s + 8 * q);
+        const unsigned ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[8 * q + 2 * j] = lo2f(ws[j]);
+            v[8 * q + 2 * j + 1] = hi2f(ws[j]);
+        }
+#else
+        const uint2 w = *(const uint2*)s;
+        v[0] = lo2f(w.x);
+        v[1] = hi2f(w.x);
+        v[2] = lo2f(w.y);
+        v[3] = hi2f(w.y);
+#endif
+    }
+}
+
+// y of a chunk from yt to global (rows below nt, channels below nc): a row's CB halves gathered from
+// the channels' lane rows, stored as one piece where rows are aligned.
+__device__ __forceinline__ void store_y(const Smem& sm, unsigned short* yg, long long D, int nt, int nc, bool al,
+                                        int tid) {
+    if (al && nc == CB) {
+        constexpr int RP = RB / PB;
+        constexpr int HP = PB / 2;
+        for (int i = tid; i < nt * RP; i += NTH) {
+            const int t = i / RP, p = i % RP;
+            const int o = (t / K) * KH + t % K;
+            unsigned w[HP / 2];
+#pragma unroll
+            for (int j = 0; j < HP / 2; j++)
+                w[j] = (unsigned)sm.yt[HP * p + 2 * j][o] | ((unsigned)sm.yt[HP * p + 2 * j + 1][o] << 16);
+            unsigned short* g = yg + (long long)t * D + HP * p;
+#if PB == 16
+            *(uint4*)g = make_uint4(w[0], w[1], w[2], w[3]);
+#elif PB == 8
+            *(uint2*)g = make_uint2(w[0], w[1]);
+#else
+            *(unsigned*)g = w[0];
+#endif
+        }
+    } else {
+        for (int i = tid; i < nt * CB; i += NTH) {
+            const int t = i / CB, c = i % CB;
+            if (c < nc) yg[(long long)t * D + c] = sm.yt[c][(t / K) * KH + t % K];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
+    const unsigned short* __restrict__ u, const unsigned short* __restrict__ delta, const float* __restrict__ A,
+    const unsigned short* __restrict__ Bm, const unsigned short* __restrict__ Cm, const float* __restrict__ Dv,
+    unsigned short* __restrict__ y, float* __restrict__ state, KS_AXIS batch_, KS_AXIS L_, KS_AXIS D_, KS_AXIS N_) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    const long long L = L_, D = D_;
+    const int tid = threadIdx.x, lane = tid & 31, c = tid >> 5;
+    const long long b = blockIdx.y;
+    const long long d0 = (long long)blockIdx.x * CB;
+    const long long d = d0 + c;
+    const bool dok = d < D;
+    const int nc = (int)min((long long)CB, D - d0);
+    const bool al = (D * 2) % PB == 0;  // every block's rows start on a piece boundary
+    const unsigned short* dlg = delta + b * L * D + d0;
+    const unsigned short* ug = u + b * L * D + d0;
+    const unsigned short* bg = Bm + b * L * NS;
+    const unsigned short* cg = Cm + b * L * NS;
+    unsigned short* yg = y + b * L * D + d0;
+
+    if (lane < NS) {
+        sm.a2[c][lane] = dok ? A[d * NS + lane] * LOG2E : 0.f;
+        sm.hc[c][lane] = 0.f;
+    }
+    const float dv = dok ? Dv[d] : 0.f;
+
+    const int Ln = (int)L;
+    const int nch = (Ln + T - 1) / T;
+#define STEPS(k) min(T, Ln - (k) * T)
+    load_chunk(sm.raw, dlg, ug, bg, cg, D, STEPS(0), nc, al, tid);
+    cp_commit();
+    for (int k = 0; k < nch; k++) {
+        cp_wait0();
+        __syncthreads();  // chunk k landed; the compute of chunk k - 1 is done (yt, the lane layouts free)
+        if (k > 0) store_y(sm, yg + (long long)(k - 1) * T * D, D, T, nc, al, tid);
+        convert(sm, sm.raw, tid);
+        __syncthreads();  // converted; raw and yt free
+        if (k + 1 < nch) {
+            const long long t1 = (long long)(k + 1) * T;
+            load_chunk(sm.raw, dlg + t1 * D, ug + t1 * D, bg + t1 * NS, cg + t1 * NS, D, STEPS(k + 1), nc, al, tid);
+        }
+        cp_commit();
+
+        float dl[K], du[K], yk[K];
+        row_f32(&sm.dlt[c][lane * KH], dl);
+        row_f32(&sm.ut[c][lane * KH], du);
+#pragma unroll
+        for (int i = 0; i < K; i++) {
+            yk[i] = dv * du[i];  // the skip term Dv * u
+            du[i] *= dl[i];      // delta * u
+        }
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+            const float a2n = sm.a2[c][n], hcn = sm.hc[c][n];
+            float bv[K], cv[K];
+#pragma unroll
+            for (int q = 0; q < BW / 4; q++) {
+                const uint4 v = *(const uint4*)&sm.bc[n][lane * KP + 4 * q];
+#if BF
+                bv[2 * q] = __uint_as_float(v.x);
+                cv[2 * q] = __uint_as_float(v.y);
+                bv[2 * q + 1] = __uint_as_float(v.z);
+                cv[2 * q + 1] = __uint_as_float(v.w);
+#else
+                const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    bv[4 * q + j] = lo2f(w4[j]);
+                    cv[4 * q + j] = hi2f(w4[j]);
+                }
+#endif
+            }
+            // the lane's K steps from zero: hl_i and the decay product P_i
+            float hl[K], pp[K];
+#pragma unroll
+            for (int i = 0; i < K; i++) {
+                const float e = ex2(dl[i] * a2n);
+                const float x = du[i] * bv[i];
+                hl[i] = i == 0 ? x : fmaf(e, hl[i - 1], x);
+                pp[i] = i == 0 ? e : pp[i - 1] * e;
+            }
+            // compose the lanes' maps in lane order: (P, h) of lanes 0..lane
+            float P = pp[K - 1], H = hl[K - 1];
+#pragma unroll
+            for (int o = 1; o < 32; o *= 2) {
+                // lanes below o keep theirs (predicated in place: no selects, no branches)
+                const float Ps = __shfl_up_sync(0xffffffffu, P, o);
+                const float Hs = __shfl_up_sync(0xffffffffu, H, o);
+                asm("{.reg .pred q;\n setp.ge.s32 q, %2, %3;\n @q fma.rn.f32 %0, %1, %4, %0;\n @q mul.f32 %1, %1, %5;}"
+                    : "+f"(H), "+f"(P) : "r"(lane), "r"(o), "f"(Hs), "f"(Ps));
+            }
+            // the map of the lanes before this one, applied to the state entering the chunk
+            float Pb = __shfl_up_sync(0xffffffffu, P, 1);
+            float Hb = __shfl_up_sync(0xffffffffu, H, 1);
+            if (lane == 0) {
+                Pb = 1.f;
+                Hb = 0.f;
+            }
+            const float hin = fmaf(Pb, hcn, Hb);
+            float h = 0.f;
+#pragma unroll
+            for (int i = 0; i < K; i++) {
+                h = fmaf(pp[i], hin, hl[i]);
+                yk[i] = fmaf(cv[i], h, yk[i]);
+            }
+            __syncwarp();                     // every lane has read hcn
+            if (lane == 31) sm.hc[c][n] = h;  // the state leaving the chunk
+        }
+#pragma unroll
+        for (int q = 0; q < K / 4; q++)
+            *(uint2*)&sm.yt[c][lane * KH + 4 * q] =
+                make_uint2((unsigned)f2h(yk[4 * q]) | ((unsigned)f2h(yk[4 * q + 1]) << 16),
+                           (unsigned)f2h(yk[4 * q + 2]) | ((unsigned)f2h(yk[4 * q + 3]) << 16));
+    }
+    __syncthreads();
+    store_y(sm, yg + (long long)(nch - 1) * T * D, D, STEPS(nch - 1), nc, al, tid);
+    if (dok && lane < NS) state[(b * D + d) * NS + lane] = sm.hc[c][lane];
+}
