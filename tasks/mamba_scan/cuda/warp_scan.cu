@@ -19,7 +19,11 @@
 // cycles, stalls mostly on fixed-latency dependencies and shared-memory results) and by shared
 // memory (per lane and step: (delta, delta u), (Bm, Cm), the partial sum stored and read back).
 // Here a channel is one warp (16 per SM at D = 2048), a lane reads its steps' (Bm, Cm) as 16-byte
-// vectors (one 32-bit word per step and state) and its delta and u once per chunk for all states.
+// vectors (one 32-bit word per step and state) and its delta and u once per chunk for all states,
+// and SP states go side by side so that their chains (pass 1, the shuffle rounds, pass 2)
+// interleave: with one state at a time the kernel stalled on shuffle, shared-memory and MUFU
+// results and took 117 us at 1,4096,2048; with SP 4, 102 us (H200, 2026-12-04: 1.49x mamba_ssm's
+// selective-scan forward, 1.11-1.31x on the other anchor shapes; bench/h200-2026-12-04-scan-warp.txt).
 //
 // Shared memory per block (CB warps = CB channels of one batch): the raw rows of the next chunk
 // (16-, 8- or 4-byte cp.async: delta and u of the CB channels, Bm and Cm; issued before a chunk's
@@ -33,7 +37,8 @@
 // delta u Bm = 0; y stored only below L), any D (warps past D compute zeros and store nothing;
 // element loads where D % (row piece) != 0). Tunables: NS (== N), K (steps per lane: 4, 8, 16),
 // CB (channels, i.e. warps, per block: 4, 8, 16), BF ((Bm, Cm) in shared memory as f16 pairs, one
-// word per step and state widened in the loop, or as f32 pairs: twice the words, no conversions).
+// word per step and state widened in the loop, or as f32 pairs: twice the words, no conversions),
+// SP (states processed side by side, their dependent chains interleaved: 1, 2, 4, 8).
 // The same file is the MLX twin (form = "cuda", -DKS_AXIS=int).
 #ifndef KS_AXIS
 #define KS_AXIS long long
@@ -49,6 +54,9 @@
 #endif
 #ifndef BF
 #define BF 0
+#endif
+#ifndef SP
+#define SP 4
 #endif
 #define T (32 * K)                     // steps per chunk
 #define NTH (32 * CB)                  // threads per block
@@ -68,6 +76,12 @@
 #endif
 #if NS != 8 && NS != 16
 #error "NS must be 8 or 16"
+#endif
+#if SP != 1 && SP != 2 && SP != 4 && SP != 8
+#error "SP must be 1, 2, 4 or 8"
+#endif
+#if NS % SP != 0
+#error "SP must divide NS"
 #endif
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -285,61 +299,78 @@ extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
             du[i] *= dl[i];      // delta * u
         }
 #pragma unroll
-        for (int n = 0; n < NS; n++) {
-            const float a2n = sm.a2[c][n], hcn = sm.hc[c][n];
-            float bv[K], cv[K];
+        for (int n0 = 0; n0 < NS; n0 += SP) {
+            // SP states side by side: their pass-1 chains, shuffle rounds and pass-2 chains
+            // interleave in the instruction stream
+            float bv[SP][K], cv[SP][K], hl[SP][K], pp[SP][K], P[SP], H[SP];
 #pragma unroll
-            for (int q = 0; q < BW / 4; q++) {
-                const uint4 v = *(const uint4*)&sm.bc[n][lane * KP + 4 * q];
+            for (int s = 0; s < SP; s++) {
+                const int n = n0 + s;
+                const float a2n = sm.a2[c][n];
+#pragma unroll
+                for (int q = 0; q < BW / 4; q++) {
+                    const uint4 v = *(const uint4*)&sm.bc[n][lane * KP + 4 * q];
 #if BF
-                bv[2 * q] = __uint_as_float(v.x);
-                cv[2 * q] = __uint_as_float(v.y);
-                bv[2 * q + 1] = __uint_as_float(v.z);
-                cv[2 * q + 1] = __uint_as_float(v.w);
+                    bv[s][2 * q] = __uint_as_float(v.x);
+                    cv[s][2 * q] = __uint_as_float(v.y);
+                    bv[s][2 * q + 1] = __uint_as_float(v.z);
+                    cv[s][2 * q + 1] = __uint_as_float(v.w);
 #else
-                const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+                    const unsigned w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    bv[4 * q + j] = lo2f(w4[j]);
-                    cv[4 * q + j] = hi2f(w4[j]);
-                }
+                    for (int j = 0; j < 4; j++) {
+                        bv[s][4 * q + j] = lo2f(w4[j]);
+                        cv[s][4 * q + j] = hi2f(w4[j]);
+                    }
 #endif
-            }
-            // the lane's K steps from zero: hl_i and the decay product P_i
-            float hl[K], pp[K];
+                }
+                // the lane's K steps from zero: hl_i and the decay product P_i
 #pragma unroll
-            for (int i = 0; i < K; i++) {
-                const float e = ex2(dl[i] * a2n);
-                const float x = du[i] * bv[i];
-                hl[i] = i == 0 ? x : fmaf(e, hl[i - 1], x);
-                pp[i] = i == 0 ? e : pp[i - 1] * e;
+                for (int i = 0; i < K; i++) {
+                    const float e = ex2(dl[i] * a2n);
+                    const float x = du[i] * bv[s][i];
+                    hl[s][i] = i == 0 ? x : fmaf(e, hl[s][i - 1], x);
+                    pp[s][i] = i == 0 ? e : pp[s][i - 1] * e;
+                }
+                P[s] = pp[s][K - 1];
+                H[s] = hl[s][K - 1];
             }
             // compose the lanes' maps in lane order: (P, h) of lanes 0..lane
-            float P = pp[K - 1], H = hl[K - 1];
 #pragma unroll
             for (int o = 1; o < 32; o *= 2) {
-                // lanes below o keep theirs (predicated in place: no selects, no branches)
-                const float Ps = __shfl_up_sync(0xffffffffu, P, o);
-                const float Hs = __shfl_up_sync(0xffffffffu, H, o);
-                asm("{.reg .pred q;\n setp.ge.s32 q, %2, %3;\n @q fma.rn.f32 %0, %1, %4, %0;\n @q mul.f32 %1, %1, %5;}"
-                    : "+f"(H), "+f"(P) : "r"(lane), "r"(o), "f"(Hs), "f"(Ps));
-            }
-            // the map of the lanes before this one, applied to the state entering the chunk
-            float Pb = __shfl_up_sync(0xffffffffu, P, 1);
-            float Hb = __shfl_up_sync(0xffffffffu, H, 1);
-            if (lane == 0) {
-                Pb = 1.f;
-                Hb = 0.f;
-            }
-            const float hin = fmaf(Pb, hcn, Hb);
-            float h = 0.f;
 #pragma unroll
-            for (int i = 0; i < K; i++) {
-                h = fmaf(pp[i], hin, hl[i]);
-                yk[i] = fmaf(cv[i], h, yk[i]);
+                for (int s = 0; s < SP; s++) {
+                    // lanes below o keep theirs (predicated in place: no selects, no branches)
+                    const float Ps = __shfl_up_sync(0xffffffffu, P[s], o);
+                    const float Hs = __shfl_up_sync(0xffffffffu, H[s], o);
+                    asm("{.reg .pred q;\n setp.ge.s32 q, %2, %3;\n @q fma.rn.f32 %0, %1, %4, %0;\n @q mul.f32 %1, %1, %5;}"
+                        : "+f"(H[s]), "+f"(P[s]) : "r"(lane), "r"(o), "f"(Hs), "f"(Ps));
+                }
             }
-            __syncwarp();                     // every lane has read hcn
-            if (lane == 31) sm.hc[c][n] = h;  // the state leaving the chunk
+            float hout[SP];
+#pragma unroll
+            for (int s = 0; s < SP; s++) {
+                // the map of the lanes before this one, applied to the state entering the chunk
+                float Pb = __shfl_up_sync(0xffffffffu, P[s], 1);
+                float Hb = __shfl_up_sync(0xffffffffu, H[s], 1);
+                if (lane == 0) {
+                    Pb = 1.f;
+                    Hb = 0.f;
+                }
+                const float hin = fmaf(Pb, sm.hc[c][n0 + s], Hb);
+                float h = 0.f;
+#pragma unroll
+                for (int i = 0; i < K; i++) {
+                    h = fmaf(pp[s][i], hin, hl[s][i]);
+                    yk[i] = fmaf(cv[s][i], h, yk[i]);
+                }
+                hout[s] = h;
+            }
+            __syncwarp();  // every lane has read the entering states
+            if (lane == 31) {
+#pragma unroll
+                for (int s = 0; s < SP; s++) sm.hc[c][n0 + s] = hout[s];  // the states leaving the chunk
+            }
         }
 #pragma unroll
         for (int q = 0; q < K / 4; q++)
