@@ -66,7 +66,7 @@
 #define CR (32 * KH + 8)               // halves per channel of delta, u and y (padded: a convert pass's stores spread)
 #define SR (32 * KP + 4)               // words per state of (Bm, Cm) (padded likewise)
 #define RB (2 * CB)                    // bytes per row of the CB channels' delta (or u)
-#define PB (RB >= 16 ? 16 : RB)        // bytes per cp.async piece of those rows
+#define PB (RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4)  // bytes per cp.async piece of those rows
 #define LOG2E 1.4426950408889634f
 #if K != 4 && K != 8 && K != 16
 #error "K must be 4, 8 or 16"
@@ -171,6 +171,7 @@ __device__ __forceinline__ void convert(Smem& sm, const Raw& r, int tid) {
     {
         constexpr int ST = 2 * NTH / NS;  // steps per round
         static_assert(ST % K == 0, "2 NTH / NS must be a multiple of K");
+        static_assert(T % ST == 0, "the rounds must cover the chunk: T a multiple of 2 NTH / NS");
         const int n = 2 * (tid % (NS / 2)), t0 = tid / (NS / 2);
         const unsigned* sb = (const unsigned*)&r.bm[t0][n];
         const unsigned* sc = (const unsigned*)&r.cm[t0][n];
