@@ -272,6 +272,26 @@ def bench_attention(attention, admits, cfg, lens, reps, fused_rope=False):
     return rows, suggested
 
 
+def time_pair(fused, stock, reps, n=20):
+    """{"fused_us", "stock_us", "ratio"}: each side's time per call over n calls evaluated together
+    (one call alone is MLX's host overhead), alternating, medians of `reps` after one untimed round."""
+
+    def many(fn):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval([fn() for _ in range(n)])
+        mx.synchronize()
+        return (time.perf_counter() - t0) / n
+
+    many(fused), many(stock)
+    tf, ts = [], []
+    for _ in range(reps):
+        tf.append(many(fused))
+        ts.append(many(stock))
+    f, st = statistics.median(tf) * 1e6, statistics.median(ts) * 1e6
+    return {"fused_us": f, "stock_us": st, "ratio": st / f}
+
+
 def bench_rope(cfg, lens, reps):
     """The patch's fused RoPE (q and k rotated, v moved to [B, Hkv, L, D], one launch) against
     stock's (nn.RoPE on the transposed views of q and k, v's transpose made contiguous) at the
@@ -302,21 +322,7 @@ def bench_rope(cfg, lens, reps):
         # the same kernel reading the fused projection [B, L, H + 2 Hkv, D] (fuse_qkv)
         got = export_llama._llama_rope_cuda_qkv(mx.concatenate([q, k, v], axis=2), H, Hkv, rope)
         row["qkv_bad"] = sum(compare(g, w)["bad"] for g, w in zip(got, (want[0].transpose(0, 2, 1, 3), want[1], want[2])))
-
-        def many(fn):
-            mx.synchronize()
-            t0 = time.perf_counter()
-            mx.eval([fn() for _ in range(20)])
-            mx.synchronize()
-            return (time.perf_counter() - t0) / 20
-
-        many(fused), many(stock)
-        tf, ts = [], []
-        for _ in range(reps):
-            tf.append(many(fused))
-            ts.append(many(stock))
-        row["fused_us"], row["stock_us"] = statistics.median(tf) * 1e6, statistics.median(ts) * 1e6
-        row["ratio"] = row["stock_us"] / row["fused_us"]
+        row.update(time_pair(fused, stock, reps))
         rows.append(row)
         log(f"rope L={L}: {json.dumps(row)}")
     return rows
@@ -342,21 +348,7 @@ def bench_swiglu(cfg, lens, reps):
             return swiglu(g, u)
 
         row = {"L": L, "out": compare(fused(), stock())}
-
-        def many(fn):
-            mx.synchronize()
-            t0 = time.perf_counter()
-            mx.eval([fn() for _ in range(20)])
-            mx.synchronize()
-            return (time.perf_counter() - t0) / 20
-
-        many(fused), many(stock)
-        tf, ts = [], []
-        for _ in range(reps):
-            tf.append(many(fused))
-            ts.append(many(stock))
-        row["fused_us"], row["stock_us"] = statistics.median(tf) * 1e6, statistics.median(ts) * 1e6
-        row["ratio"] = row["stock_us"] / row["fused_us"]
+        row.update(time_pair(fused, stock, reps))
         row["fused_TBps"] = 3 * L * I * 2 / (row["fused_us"] * 1e-6) / 1e12
         rows.append(row)
         log(f"swiglu L={L}: {json.dumps(row)}")
