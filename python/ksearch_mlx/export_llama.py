@@ -136,7 +136,7 @@ while (true) {
   load(rb);
 }
 """
-_llama_rope_kernels = {}
+_llama_kernels = {}  # the patch's own kernel objects (mx.fast.cuda_kernel), made on first use
 
 
 class _LlamaRopeArgs:
@@ -187,9 +187,9 @@ def _llama_rope_launch(kern, q, k, v, args, fused, B, L, H, Hkv, D):
 
 
 def _llama_rope_kernel():
-    kern = _llama_rope_kernels.get("rope")
+    kern = _llama_kernels.get("rope")
     if kern is None:
-        kern = _llama_rope_kernels["rope"] = mx.fast.cuda_kernel(
+        kern = _llama_kernels["rope"] = mx.fast.cuda_kernel(
             name="ks_llama_rope", input_names=["q", "k", "v", "dims", "p"], output_names=["qo", "ko", "vo"],
             source=_LLAMA_ROPE_BODY)
     return kern
@@ -301,9 +301,9 @@ def _llama_swiglu_cuda(gu):
     I = I2 // 2
     if gu.dtype != mx.float16 or I % 8 or I2 != 2 * I:
         return _llama_swiglu_ops(gu)
-    kern = _llama_rope_kernels.get("swiglu")
+    kern = _llama_kernels.get("swiglu")
     if kern is None:
-        kern = _llama_rope_kernels["swiglu"] = mx.fast.cuda_kernel(
+        kern = _llama_kernels["swiglu"] = mx.fast.cuda_kernel(
             name="ks_llama_swiglu", input_names=["gu", "dims"], output_names=["out"], source=_LLAMA_SWIGLU_BODY)
     dims = _llama_swiglu_dims.get(M)
     if dims is None:
