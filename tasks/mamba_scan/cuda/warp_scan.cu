@@ -58,22 +58,62 @@
 #ifndef SP
 #define SP 4
 #endif
-#define T (32 * K)                     // steps per chunk
-#define NTH (32 * CB)                  // threads per block
+#ifndef P2
+#define P2 0
+#endif
+#ifndef MW
+#define MW 16
+#endif
+#ifndef RT
+#define RT 0
+#endif
+#ifndef WPC
+#define WPC 1
+#endif
+#define T (32 * K * WPC)               // steps per chunk
+#define WPB (CB * WPC)                 // warps per block
+#define NTH (32 * WPB)                 // threads per block
 #define BW (BF ? 2 * K : K)            // 32-bit words of a lane's (Bm, Cm): f16 pairs, or f32 pairs (BF=1)
-#define KP ((BW / 4) % 2 == 0 ? BW + 4 : BW)  // words per lane row of (Bm, Cm): 16-byte reads spread over bank quads
+#define NQ (BW / 4)                    // 16-byte quads per lane row of (Bm, Cm)
+// Words per lane row of (Bm, Cm). 8 lanes' 16-byte reads of quad q must fall in 8 distinct bank quads: rows
+// padded by one quad where NQ is even (RT 0), or unpadded with lane l's quads rotated by
+// (l / (8 / NQ)) % NQ (RT 1: 8 / NQ lanes per 8 bank quads, each group its own rotation; saves
+// NS * 32 quads of shared memory, what lets K 16 run two blocks per SM).
+#define KP (RT || NQ % 2 ? BW : BW + 4)
+#define YA (K >= 16)                   // y staged in delta's rows (free once the lanes hold their delta): one barrier more per chunk
+#if YA
+#define YT dlt
+#else
+#define YT yt
+#endif
 #define KH (K > 8 ? K + 8 : K)         // halves per lane row of delta, u and y
-#define CR (32 * KH + 8)               // halves per channel of delta, u and y (padded: a convert pass's stores spread)
-#define SR (32 * KP + 4)               // words per state of (Bm, Cm) (padded likewise)
+#define CR (32 * WPC * KH + 8)               // halves per channel of delta, u and y (padded: a convert pass's stores spread)
+#define SR (32 * WPC * KP + 4)               // words per state of (Bm, Cm) (padded likewise)
 #define RB (2 * CB)                    // bytes per row of the CB channels' delta (or u)
 #define PB (RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4)  // bytes per cp.async piece of those rows
 #define LOG2E 1.4426950408889634f
 #if K != 4 && K != 8 && K != 16
 #error "K must be 4, 8 or 16"
 #endif
-#if CB != 4 && CB != 8 && CB != 16
-#error "CB must be 4, 8 or 16"
+#if CB != 4 && CB != 6 && CB != 8 && CB != 12 && CB != 16
+#error "CB must be 4, 6, 8, 12 or 16"
 #endif
+#if P2 != 0 && P2 != 1
+#error "P2 must be 0 or 1"
+#endif
+#if MW != 16 && MW != 24 && MW != 32
+#error "MW must be 16, 24 or 32"
+#endif
+#if RT != 0 && RT != 1
+#error "RT must be 0 or 1"
+#endif
+#if WPC != 1 && WPC != 2
+#error "WPC must be 1 or 2"
+#endif
+#if WPC == 2 && NS / SP > 8
+#error "WPC 2 takes one named barrier per group of SP states: at most 8 groups"
+#endif
+#define MINB (MW / WPB > 0 ? MW / WPB : 1)  // blocks per SM the register allocation must allow
 #if NS != 8 && NS != 16
 #error "NS must be 8 or 16"
 #endif
@@ -100,6 +140,8 @@ __device__ __forceinline__ void cp16(void* s, const void* g, int n) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_wait(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ float lo2f(unsigned w) { float f; asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, l;}" : "=f"(f) : "r"(w)); return f; }
 __device__ __forceinline__ float hi2f(unsigned w) { float f; asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, h;}" : "=f"(f) : "r"(w)); return f; }
@@ -111,14 +153,22 @@ struct __align__(16) Raw {
     unsigned short bm[T][NS];
     unsigned short cm[T][NS];
 };
+// The quad of lane l's row where its quad q lives (RT 1; 0 where rows are padded or one quad long).
+__device__ __forceinline__ int rot(int l) { return (RT && NQ > 1) ? (l / (8 / NQ)) % NQ : 0; }
+
 struct __align__(16) Smem {
     Raw raw;                   // the next chunk's rows, landing while this one is computed
     unsigned short dlt[CB][CR];  // delta: channel, then lane rows of the lane's K steps
     unsigned short ut[CB][CR];   // u
+#if !YA
     unsigned short yt[CB][CR];   // y of the chunk, f16
+#endif
     unsigned bc[NS][SR];         // (Bm, Cm) pairs: state, then lane rows of the lane's K steps
     float a2[CB][NS];            // A * log2(e) of the block's channels
     float hc[CB][NS];            // the state entering the chunk
+#if WPC == 2
+    float xp[CB][NS], xh[CB][NS];  // the first warp's map over its half of the chunk (h -> xp h + xh)
+#endif
 };
 
 // One chunk's raw rows (steps from nt on and channels from nc on are zeros).
@@ -153,10 +203,10 @@ __device__ __forceinline__ void load_chunk(Raw& r, const unsigned short* dl, con
 
 // Raw rows to the lanes' layouts. Thread tid moves channel tid % CB of steps tid / CB + j NTH / CB
 // (and the state pair 2 (tid % (NS / 2)) of steps tid / (NS / 2) + j 2 NTH / NS): fixed strides in
-// both layouts, no index arithmetic per element (NTH / CB = 32 and 2 NTH / NS are multiples of K).
+// both layouts, no index arithmetic per element (NTH / CB = 32 WPC and 2 NTH / NS are multiples of K).
 __device__ __forceinline__ void convert(Smem& sm, const Raw& r, int tid) {
     {
-        constexpr int ST = NTH / CB;  // = 32 steps
+        constexpr int ST = NTH / CB;  // = 32 WPC steps
         const int c = tid % CB, t0 = tid / CB;
         const unsigned short* sd = &r.dl[t0][c];
         const unsigned short* su = &r.uu[t0][c];
@@ -171,15 +221,22 @@ __device__ __forceinline__ void convert(Smem& sm, const Raw& r, int tid) {
     {
         constexpr int ST = 2 * NTH / NS;  // steps per round
         static_assert(ST % K == 0, "2 NTH / NS must be a multiple of K");
-        static_assert(T % ST == 0, "the rounds must cover the chunk: T a multiple of 2 NTH / NS");
+        constexpr int RD = (T + ST - 1) / ST;  // rounds; the last one partial where ST does not divide T (CB 6, 12)
         const int n = 2 * (tid % (NS / 2)), t0 = tid / (NS / 2);
         const unsigned* sb = (const unsigned*)&r.bm[t0][n];
         const unsigned* sc = (const unsigned*)&r.cm[t0][n];
-        const int o = (t0 / K) * KP + (BF ? 2 : 1) * (t0 % K);
+        [[maybe_unused]] const int o = (t0 / K) * KP + (BF ? 2 : 1) * (t0 % K);
 #pragma unroll
-        for (int j = 0; j < T / ST; j++) {
+        for (int j = 0; j < RD; j++) {
+            if (T % ST != 0 && j == RD - 1 && t0 + j * ST >= T) break;
             const unsigned wb = sb[j * ST * NS / 2], wc = sc[j * ST * NS / 2];
+#if RT && NQ > 1
+            const int lj = t0 / K + j * (ST / K);  // the lane whose row takes this round's step
+            const int w = (BF ? 2 : 1) * (t0 % K);
+            const int oj = lj * KP + 4 * ((w / 4 + rot(lj)) % NQ) + w % 4;
+#else
             const int oj = o + j * (ST / K) * KP;
+#endif
 #if BF
             float b0, b1, c0, c1;
             asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %4;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n"
@@ -230,7 +287,7 @@ __device__ __forceinline__ void store_y(const Smem& sm, unsigned short* yg, long
             unsigned w[HP / 2];
 #pragma unroll
             for (int j = 0; j < HP / 2; j++)
-                w[j] = (unsigned)sm.yt[HP * p + 2 * j][o] | ((unsigned)sm.yt[HP * p + 2 * j + 1][o] << 16);
+                w[j] = (unsigned)sm.YT[HP * p + 2 * j][o] | ((unsigned)sm.YT[HP * p + 2 * j + 1][o] << 16);
             unsigned short* g = yg + (long long)t * D + HP * p;
 #if PB == 16
             *(uint4*)g = make_uint4(w[0], w[1], w[2], w[3]);
@@ -243,19 +300,20 @@ __device__ __forceinline__ void store_y(const Smem& sm, unsigned short* yg, long
     } else {
         for (int i = tid; i < nt * CB; i += NTH) {
             const int t = i / CB, c = i % CB;
-            if (c < nc) yg[(long long)t * D + c] = sm.yt[c][(t / K) * KH + t % K];
+            if (c < nc) yg[(long long)t * D + c] = sm.YT[c][(t / K) * KH + t % K];
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
+extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
     const unsigned short* __restrict__ u, const unsigned short* __restrict__ delta, const float* __restrict__ A,
     const unsigned short* __restrict__ Bm, const unsigned short* __restrict__ Cm, const float* __restrict__ Dv,
     unsigned short* __restrict__ y, float* __restrict__ state, KS_AXIS batch_, KS_AXIS L_, KS_AXIS D_, KS_AXIS N_) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
     const long long L = L_, D = D_;
-    const int tid = threadIdx.x, lane = tid & 31, c = tid >> 5;
+    // warp (c, w): channel c, the w-th 32 K steps of each chunk; lane row lr of the chunk
+    const int tid = threadIdx.x, lane = tid & 31, c = (tid >> 5) / WPC, w = (tid >> 5) % WPC, lr = 32 * w + lane;
     const long long b = blockIdx.y;
     const long long d0 = (long long)blockIdx.x * CB;
     const long long d = d0 + c;
@@ -268,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
     const unsigned short* cg = Cm + b * L * NS;
     unsigned short* yg = y + b * L * D + d0;
 
-    if (lane < NS) {
+    if (w == 0 && lane < NS) {
         sm.a2[c][lane] = dok ? A[d * NS + lane] * LOG2E : 0.f;
         sm.hc[c][lane] = 0.f;
     }
@@ -283,6 +341,9 @@ extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
         cp_wait0();
         __syncthreads();  // chunk k landed; the compute of chunk k - 1 is done (yt, the lane layouts free)
         if (k > 0) store_y(sm, yg + (long long)(k - 1) * T * D, D, T, nc, al, tid);
+#if YA
+        __syncthreads();  // y read out of delta's rows
+#endif
         convert(sm, sm.raw, tid);
         __syncthreads();  // converted; raw and yt free
         if (k + 1 < nch) {
@@ -292,25 +353,35 @@ extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
         cp_commit();
 
         float dl[K], du[K], yk[K];
-        row_f32(&sm.dlt[c][lane * KH], dl);
-        row_f32(&sm.ut[c][lane * KH], du);
+        row_f32(&sm.dlt[c][lr * KH], dl);
+        row_f32(&sm.ut[c][lr * KH], du);
 #pragma unroll
         for (int i = 0; i < K; i++) {
             yk[i] = dv * du[i];  // the skip term Dv * u
             du[i] *= dl[i];      // delta * u
         }
+#if P2
+        float sdl = 0.f;  // the lane's summed delta: its decay product is exp2(sdl A log2 e), one MUFU per state
+#pragma unroll
+        for (int i = 0; i < K; i++) sdl += dl[i];
+#endif
 #pragma unroll
         for (int n0 = 0; n0 < NS; n0 += SP) {
             // SP states side by side: their pass-1 chains, shuffle rounds and pass-2 chains
             // interleave in the instruction stream
-            float bv[SP][K], cv[SP][K], hl[SP][K], pp[SP][K], P[SP], H[SP];
+#if P2
+            float ev[SP][K], xv[SP][K];  // each step's decay and input, for the second pass's recurrence
+#else
+            float hl[SP][K], pp[SP][K];  // each step's state from zero and decay product
+#endif
+            float bv[SP][K], cv[SP][K], P[SP], H[SP];
 #pragma unroll
             for (int s = 0; s < SP; s++) {
                 const int n = n0 + s;
                 const float a2n = sm.a2[c][n];
 #pragma unroll
                 for (int q = 0; q < BW / 4; q++) {
-                    const uint4 v = *(const uint4*)&sm.bc[n][lane * KP + 4 * q];
+                    const uint4 v = *(const uint4*)&sm.bc[n][lr * KP + 4 * ((q + rot(lr)) % NQ)];
 #if BF
                     bv[s][2 * q] = __uint_as_float(v.x);
                     cv[s][2 * q] = __uint_as_float(v.y);
@@ -325,6 +396,17 @@ extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
                     }
 #endif
                 }
+#if P2
+                // the lane's K steps from zero, keeping each step's (e, x); the decay product from the
+                // summed delta
+#pragma unroll
+                for (int i = 0; i < K; i++) {
+                    ev[s][i] = ex2(dl[i] * a2n);
+                    xv[s][i] = du[i] * bv[s][i];
+                    H[s] = i == 0 ? xv[s][0] : fmaf(ev[s][i], H[s], xv[s][i]);
+                }
+                P[s] = ex2(sdl * a2n);
+#else
                 // the lane's K steps from zero: hl_i and the decay product P_i
 #pragma unroll
                 for (int i = 0; i < K; i++) {
@@ -335,6 +417,7 @@ extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
                 }
                 P[s] = pp[s][K - 1];
                 H[s] = hl[s][K - 1];
+#endif
             }
             // compose the lanes' maps in lane order: (P, h) of lanes 0..lane
 #pragma unroll
@@ -348,6 +431,27 @@ extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
                         : "+f"(H[s]), "+f"(P[s]) : "r"(lane), "r"(o), "f"(Hs), "f"(Ps));
                 }
             }
+            // the state entering this warp's steps: the chunk's, or (WPC 2, second warp) the first warp's
+            // map applied to it, handed over in shared memory behind a named barrier per group
+            float he[SP];
+#pragma unroll
+            for (int s = 0; s < SP; s++) he[s] = sm.hc[c][n0 + s];
+#if WPC == 2
+            if (w == 0) {
+                if (lane == 31) {
+#pragma unroll
+                    for (int s = 0; s < SP; s++) {
+                        sm.xp[c][n0 + s] = P[s];
+                        sm.xh[c][n0 + s] = H[s];
+                    }
+                }
+                bar_arrive(1 + n0 / SP, NTH);
+            } else {
+                bar_wait(1 + n0 / SP, NTH);
+#pragma unroll
+                for (int s = 0; s < SP; s++) he[s] = fmaf(sm.xp[c][n0 + s], he[s], sm.xh[c][n0 + s]);
+            }
+#endif
             float hout[SP];
 #pragma unroll
             for (int s = 0; s < SP; s++) {
@@ -358,28 +462,37 @@ extern "C" __global__ void __launch_bounds__(NTH, 16 / CB) mamba_scan(
                     Pb = 1.f;
                     Hb = 0.f;
                 }
-                const float hin = fmaf(Pb, sm.hc[c][n0 + s], Hb);
+                const float hin = fmaf(Pb, he[s], Hb);
+#if P2
+                float h = hin;  // the recurrence again from the entering state: one FMA per step, no products kept
+#pragma unroll
+                for (int i = 0; i < K; i++) {
+                    h = fmaf(ev[s][i], h, xv[s][i]);
+                    yk[i] = fmaf(cv[s][i], h, yk[i]);
+                }
+#else
                 float h = 0.f;
 #pragma unroll
                 for (int i = 0; i < K; i++) {
                     h = fmaf(pp[s][i], hin, hl[s][i]);
                     yk[i] = fmaf(cv[s][i], h, yk[i]);
                 }
+#endif
                 hout[s] = h;
             }
             __syncwarp();  // every lane has read the entering states
-            if (lane == 31) {
+            if (lane == 31 && w == WPC - 1) {
 #pragma unroll
                 for (int s = 0; s < SP; s++) sm.hc[c][n0 + s] = hout[s];  // the states leaving the chunk
             }
         }
 #pragma unroll
         for (int q = 0; q < K / 4; q++)
-            *(uint2*)&sm.yt[c][lane * KH + 4 * q] =
+            *(uint2*)&sm.YT[c][lr * KH + 4 * q] =
                 make_uint2((unsigned)f2h(yk[4 * q]) | ((unsigned)f2h(yk[4 * q + 1]) << 16),
                            (unsigned)f2h(yk[4 * q + 2]) | ((unsigned)f2h(yk[4 * q + 3]) << 16));
     }
     __syncthreads();
     store_y(sm, yg + (long long)(nch - 1) * T * D, D, STEPS(nch - 1), nc, al, tid);
-    if (dok && lane < NS) state[(b * D + d) * NS + lane] = sm.hc[c][lane];
+    if (dok && w == 0 && lane < NS) state[(b * D + d) * NS + lane] = sm.hc[c][lane];
 }
