@@ -36,9 +36,21 @@
 // Any L (steps past L are zeros: a zero step leaves the state unchanged, exp2(0) = 1 and
 // delta u Bm = 0; y stored only below L), any D (warps past D compute zeros and store nothing;
 // element loads where D % (row piece) != 0). Tunables: NS (== N), K (steps per lane: 4, 8, 16),
-// CB (channels, i.e. warps, per block: 4, 8, 16), BF ((Bm, Cm) in shared memory as f16 pairs, one
-// word per step and state widened in the loop, or as f32 pairs: twice the words, no conversions),
-// SP (states processed side by side, their dependent chains interleaved: 1, 2, 4, 8).
+// CB (channels, i.e. warps, per block: 4, 6, 8, 12, 16; 6 and 12 spread d_inner 1536 evenly),
+// BF ((Bm, Cm) in shared memory as f16 pairs, one word per step and state widened in the loop, or as
+// f32 pairs: twice the words, no conversions), SP (states processed side by side, their dependent
+// chains interleaved: 1, 2, 4, 8), P2 (0: the second pass forms each step's state from the kept
+// decay products, K independent FMAs; 1: it runs the recurrence again from the entering state, one
+// dependent FMA per step, the lane's decay product from its summed delta: fewer instructions and
+// registers, a longer chain), MW (warps per SM the register allocation must allow: 16 gives 128
+// registers, 24 gives 80), RT (rotated instead of padded (Bm, Cm) rows).
+// Measured on the H200 (2026-12-04, bench/h200-2026-12-04-scan-warp-2.txt): the defaults stay the
+// best single configuration; MW 24 with P2 1 takes d_inner 3072 (1,024 x 3,072 channels, 1.45 waves
+// at 16 warps per SM) into one wave, 42.0 us against 44.0; K 16, CB 12, RT 1 takes d_inner 1536 to
+// 50.4 us against 53.1. The kernel is bound by each warp's dependent chains, not by its instruction
+// count: P2 1 cuts 7% of the loop's instructions and runs 3% slower at MW 16, and splitting a
+// channel's chunk over two warps (a named-barrier handoff of the first warp's map) ran 68.5 us at
+// d_inner 1536 and was withdrawn.
 // The same file is the MLX twin (form = "cuda", -DKS_AXIS=int).
 #ifndef KS_AXIS
 #define KS_AXIS long long
@@ -67,12 +79,8 @@
 #ifndef RT
 #define RT 0
 #endif
-#ifndef WPC
-#define WPC 1
-#endif
-#define T (32 * K * WPC)               // steps per chunk
-#define WPB (CB * WPC)                 // warps per block
-#define NTH (32 * WPB)                 // threads per block
+#define T (32 * K)                     // steps per chunk
+#define NTH (32 * CB)                  // threads per block
 #define BW (BF ? 2 * K : K)            // 32-bit words of a lane's (Bm, Cm): f16 pairs, or f32 pairs (BF=1)
 #define NQ (BW / 4)                    // 16-byte quads per lane row of (Bm, Cm)
 // Words per lane row of (Bm, Cm). 8 lanes' 16-byte reads of quad q must fall in 8 distinct bank quads: rows
@@ -87,8 +95,8 @@
 #define YT yt
 #endif
 #define KH (K > 8 ? K + 8 : K)         // halves per lane row of delta, u and y
-#define CR (32 * WPC * KH + 8)               // halves per channel of delta, u and y (padded: a convert pass's stores spread)
-#define SR (32 * WPC * KP + 4)               // words per state of (Bm, Cm) (padded likewise)
+#define CR (32 * KH + 8)               // halves per channel of delta, u and y (padded: a convert pass's stores spread)
+#define SR (32 * KP + 4)               // words per state of (Bm, Cm) (padded likewise)
 #define RB (2 * CB)                    // bytes per row of the CB channels' delta (or u)
 #define PB (RB % 16 == 0 ? 16 : RB % 8 == 0 ? 8 : 4)  // bytes per cp.async piece of those rows
 #define LOG2E 1.4426950408889634f
@@ -107,13 +115,7 @@
 #if RT != 0 && RT != 1
 #error "RT must be 0 or 1"
 #endif
-#if WPC != 1 && WPC != 2
-#error "WPC must be 1 or 2"
-#endif
-#if WPC == 2 && NS / SP > 8
-#error "WPC 2 takes one named barrier per group of SP states: at most 8 groups"
-#endif
-#define MINB (MW / WPB > 0 ? MW / WPB : 1)  // blocks per SM the register allocation must allow
+#define MINB (MW / CB > 0 ? MW / CB : 1)  // blocks per SM the register allocation must allow
 #if NS != 8 && NS != 16
 #error "NS must be 8 or 16"
 #endif
@@ -140,8 +142,6 @@ __device__ __forceinline__ void cp16(void* s, const void* g, int n) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_wait(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ float lo2f(unsigned w) { float f; asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, l;}" : "=f"(f) : "r"(w)); return f; }
 __device__ __forceinline__ float hi2f(unsigned w) { float f; asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %1;\n cvt.f32.f16 %0, h;}" : "=f"(f) : "r"(w)); return f; }
@@ -166,9 +166,6 @@ struct __align__(16) Smem {
     unsigned bc[NS][SR];         // (Bm, Cm) pairs: state, then lane rows of the lane's K steps
     float a2[CB][NS];            // A * log2(e) of the block's channels
     float hc[CB][NS];            // the state entering the chunk
-#if WPC == 2
-    float xp[CB][NS], xh[CB][NS];  // the first warp's map over its half of the chunk (h -> xp h + xh)
-#endif
 };
 
 // One chunk's raw rows (steps from nt on and channels from nc on are zeros).
@@ -203,10 +200,10 @@ __device__ __forceinline__ void load_chunk(Raw& r, const unsigned short* dl, con
 
 // Raw rows to the lanes' layouts. Thread tid moves channel tid % CB of steps tid / CB + j NTH / CB
 // (and the state pair 2 (tid % (NS / 2)) of steps tid / (NS / 2) + j 2 NTH / NS): fixed strides in
-// both layouts, no index arithmetic per element (NTH / CB = 32 WPC and 2 NTH / NS are multiples of K).
+// both layouts, no index arithmetic per element (NTH / CB = 32 and 2 NTH / NS are multiples of K).
 __device__ __forceinline__ void convert(Smem& sm, const Raw& r, int tid) {
     {
-        constexpr int ST = NTH / CB;  // = 32 WPC steps
+        constexpr int ST = NTH / CB;  // = 32 steps
         const int c = tid % CB, t0 = tid / CB;
         const unsigned short* sd = &r.dl[t0][c];
         const unsigned short* su = &r.uu[t0][c];
@@ -312,8 +309,7 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
     const long long L = L_, D = D_;
-    // warp (c, w): channel c, the w-th 32 K steps of each chunk; lane row lr of the chunk
-    const int tid = threadIdx.x, lane = tid & 31, c = (tid >> 5) / WPC, w = (tid >> 5) % WPC, lr = 32 * w + lane;
+    const int tid = threadIdx.x, lane = tid & 31, c = tid >> 5;
     const long long b = blockIdx.y;
     const long long d0 = (long long)blockIdx.x * CB;
     const long long d = d0 + c;
@@ -326,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
     const unsigned short* cg = Cm + b * L * NS;
     unsigned short* yg = y + b * L * D + d0;
 
-    if (w == 0 && lane < NS) {
+    if (lane < NS) {
         sm.a2[c][lane] = dok ? A[d * NS + lane] * LOG2E : 0.f;
         sm.hc[c][lane] = 0.f;
     }
@@ -353,8 +349,8 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
         cp_commit();
 
         float dl[K], du[K], yk[K];
-        row_f32(&sm.dlt[c][lr * KH], dl);
-        row_f32(&sm.ut[c][lr * KH], du);
+        row_f32(&sm.dlt[c][lane * KH], dl);
+        row_f32(&sm.ut[c][lane * KH], du);
 #pragma unroll
         for (int i = 0; i < K; i++) {
             yk[i] = dv * du[i];  // the skip term Dv * u
@@ -381,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
                 const float a2n = sm.a2[c][n];
 #pragma unroll
                 for (int q = 0; q < BW / 4; q++) {
-                    const uint4 v = *(const uint4*)&sm.bc[n][lr * KP + 4 * ((q + rot(lr)) % NQ)];
+                    const uint4 v = *(const uint4*)&sm.bc[n][lane * KP + 4 * ((q + rot(lane)) % NQ)];
 #if BF
                     bv[s][2 * q] = __uint_as_float(v.x);
                     cv[s][2 * q] = __uint_as_float(v.y);
@@ -431,27 +427,6 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
                         : "+f"(H[s]), "+f"(P[s]) : "r"(lane), "r"(o), "f"(Hs), "f"(Ps));
                 }
             }
-            // the state entering this warp's steps: the chunk's, or (WPC 2, second warp) the first warp's
-            // map applied to it, handed over in shared memory behind a named barrier per group
-            float he[SP];
-#pragma unroll
-            for (int s = 0; s < SP; s++) he[s] = sm.hc[c][n0 + s];
-#if WPC == 2
-            if (w == 0) {
-                if (lane == 31) {
-#pragma unroll
-                    for (int s = 0; s < SP; s++) {
-                        sm.xp[c][n0 + s] = P[s];
-                        sm.xh[c][n0 + s] = H[s];
-                    }
-                }
-                bar_arrive(1 + n0 / SP, NTH);
-            } else {
-                bar_wait(1 + n0 / SP, NTH);
-#pragma unroll
-                for (int s = 0; s < SP; s++) he[s] = fmaf(sm.xp[c][n0 + s], he[s], sm.xh[c][n0 + s]);
-            }
-#endif
             float hout[SP];
 #pragma unroll
             for (int s = 0; s < SP; s++) {
@@ -462,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
                     Pb = 1.f;
                     Hb = 0.f;
                 }
-                const float hin = fmaf(Pb, he[s], Hb);
+                const float hin = fmaf(Pb, sm.hc[c][n0 + s], Hb);
 #if P2
                 float h = hin;  // the recurrence again from the entering state: one FMA per step, no products kept
 #pragma unroll
@@ -481,18 +456,18 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
                 hout[s] = h;
             }
             __syncwarp();  // every lane has read the entering states
-            if (lane == 31 && w == WPC - 1) {
+            if (lane == 31) {
 #pragma unroll
                 for (int s = 0; s < SP; s++) sm.hc[c][n0 + s] = hout[s];  // the states leaving the chunk
             }
         }
 #pragma unroll
         for (int q = 0; q < K / 4; q++)
-            *(uint2*)&sm.YT[c][lr * KH + 4 * q] =
+            *(uint2*)&sm.YT[c][lane * KH + 4 * q] =
                 make_uint2((unsigned)f2h(yk[4 * q]) | ((unsigned)f2h(yk[4 * q + 1]) << 16),
                            (unsigned)f2h(yk[4 * q + 2]) | ((unsigned)f2h(yk[4 * q + 3]) << 16));
     }
     __syncthreads();
     store_y(sm, yg + (long long)(nch - 1) * T * D, D, STEPS(nch - 1), nc, al, tid);
-    if (dok && w == 0 && lane < NS) state[(b * D + d) * NS + lane] = sm.hc[c][lane];
+    if (dok && lane < NS) state[(b * D + d) * NS + lane] = sm.hc[c][lane];
 }
