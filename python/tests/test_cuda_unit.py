@@ -50,11 +50,11 @@ def env(nvrtc, monkeypatch):
     return nvrtc
 
 
-def candidate(defines=None, source=None):
-    """The mlx-cuda flash_wgmma kernel of the attention task at its defaults (+ `defines`), as
-    ksearch sends it (the loader adds the file to the options)."""
+def candidate(defines=None, source=None, kernel="flash_wgmma"):
+    """An mlx-cuda kernel of the attention task (flash_wgmma unless named) at its defaults (+
+    `defines`), as ksearch sends it (the loader adds the file to the options)."""
     task = load_task("attention")
-    k = next(x for x in task["backends"]["mlx-cuda"]["kernels"] if x["name"] == "flash_wgmma")
+    k = next(x for x in task["backends"]["mlx-cuda"]["kernels"] if x["name"] == kernel)
     if source is None:
         with open(os.path.join(REPO, "tasks", "attention", k["file"])) as f:
             source = f.read()
@@ -92,6 +92,19 @@ def test_flash_wgmma_builds_for_sm_90a_with_one_name_per_build(env, hd):
     assert build(task, other).names["attention"] != name
     _, edited = candidate({"HD": hd}, source=cand["source"] + "\n// an edit\n")
     assert build(task, edited).names["attention"] != name
+
+
+@pytest.mark.parametrize("hd,lhd", [(64, 0), (96, 0), (128, 0), (128, 1)])
+def test_flash_ws_with_tensor_maps_built_on_the_device_compiles_for_sm_90a(env, hd, lhd):
+    # TMA=1: the maps are built in the kernel (tensormap.replace) and published to a module-scope
+    # slot, so the unit carries that global; a build of its own beside the cp.async one.
+    task, cand = candidate({"HD": hd, "QO_LHD": lhd, "TMA": 1}, kernel="flash_ws")
+    unit = build(task, cand)
+    assert unit.arch == "sm_90a" and unit.cubin[:4] == b"\x7fELF" and b"ks_tmaps" in unit.cubin
+    _, plain = candidate({"HD": hd, "QO_LHD": lhd}, kernel="flash_ws")
+    plain_unit = build(task, plain)
+    assert b"ks_tmaps" not in plain_unit.cubin
+    assert plain_unit.names["attention"] != unit.names["attention"]
 
 
 def test_axes_declared_64_bit_are_refused_in_one_line(env):

@@ -45,6 +45,17 @@
 // Inside MLX (the worker's GPU clock, same day) the kernel runs as fast as here (478.6-483.3 us at
 // 4,32,8,2048,128) and is 0.90x of mx.fast.scaled_dot_product_attention there (434.5 us: MLX's
 // cuDNN graph is faster than torch's), 0.96x causal, 0.91-2.03x on the held-out shapes.
+// TMA=1 (not yet a tunable: measured on no GPU so far): the producer loads with the tensor-memory
+// accelerator instead of cp.async. One producer warp builds the three tensor maps (Q, K, V) on the
+// device at the block's start, from zeroed shared memory and tensormap.replace of every field (the
+// kernel gets plain pointers from both back-ends, so no map can be encoded on the host), copies
+// them to a slot of module-scope global memory (tensormap.cp_fenceproxy, then an acquire fence);
+// one thread then issues each tile as 64-column boxes (cp.async.bulk.tensor, 128-byte swizzle: the
+// layout chunk_off describes) that complete the stage's full mbarrier by bytes (armed with
+// arrive.expect_tx; one arrival per phase); rows past L and the columns past HD = 96 arrive as
+// zeros (out-of-bounds fill), and the consumers need no proxy fence (the copies are async-proxy
+// writes). Every block of a launch writes the same bytes to the launch's slot (16 slots picked by
+// a hash of %gridid, so launches running at the same time on other streams use other slots).
 // f16 data handled as raw 16-bit words; no headers needed.
 #ifndef HD
 #define HD 128
@@ -60,6 +71,9 @@
 #endif
 #ifndef QO_LHD
 #define QO_LHD 0
+#endif
+#ifndef TMA
+#define TMA 0
 #endif
 #ifndef PREG
 #define PREG 48
@@ -153,6 +167,53 @@ __device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
     while (!mbar_try(a, parity)) {
     }
 }
+
+#if TMA
+// ---- tensor maps built on the device (TMA=1) ----
+#define TM_SLOTS 16
+__device__ __align__(128) unsigned char ks_tmaps[TM_SLOTS * 3 * 128];
+// Arrive on the barrier and add `bytes` to the transaction count its phase waits for.
+__device__ __forceinline__ void mbar_expect_tx(unsigned a, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+// Fields of the map at shared address m (zeroed before): ordinal 0 is the innermost dimension;
+// strides are in bytes (dimension i + 1's at ordinal i).
+template <int ORD> __device__ __forceinline__ void tm_dim(unsigned m, unsigned box, unsigned dim) {
+    asm volatile("tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [%0], %1, %2;\n" ::"r"(m), "n"(ORD), "r"(box) : "memory");
+    asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], %1, %2;\n" ::"r"(m), "n"(ORD), "r"(dim) : "memory");
+    asm volatile("tensormap.replace.tile.element_stride.shared::cta.b1024.b32 [%0], %1, 1;\n" ::"r"(m), "n"(ORD) : "memory");
+}
+template <int ORD> __device__ __forceinline__ void tm_stride(unsigned m, unsigned long long bytes) {
+#if defined(__CUDACC_VER_MAJOR__) && __CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ <= 6
+    bytes >>= 4;  // ptxas of PTX ISA 8.5 and older takes the stride in 16-byte units (Triton works around the same)
+#endif
+    asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], %1, %2;\n" ::"r"(m), "n"(ORD), "l"(bytes) : "memory");
+}
+// The fields every map here shares: 16-bit elements, no interleave, 128-byte swizzle, zero fill.
+template <int RANK> __device__ __forceinline__ void tm_common(unsigned m, const void* base) {
+    asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(m), "l"(base) : "memory");
+    asm volatile("tensormap.replace.tile.rank.shared::cta.b1024.b32 [%0], %1;\n" ::"r"(m), "n"(RANK - 1) : "memory");
+    asm volatile("tensormap.replace.tile.elemtype.shared::cta.b1024.b32 [%0], 1;\n" ::"r"(m) : "memory");
+    asm volatile("tensormap.replace.tile.interleave_layout.shared::cta.b1024.b32 [%0], 0;\n" ::"r"(m) : "memory");
+    asm volatile("tensormap.replace.tile.swizzle_mode.shared::cta.b1024.b32 [%0], 3;\n" ::"r"(m) : "memory");
+    asm volatile("tensormap.replace.tile.fill_mode.shared::cta.b1024.b32 [%0], 0;\n" ::"r"(m) : "memory");
+}
+// The whole warp: copy the map at shared m to global g, release it to the tensor-map proxy and
+// acquire it there (the commit / wait pair after the acquire as Triton emits it).
+__device__ __forceinline__ void tm_publish(const unsigned char* g, unsigned m) {
+    asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n" ::"l"(g), "r"(m) : "memory");
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(g) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void tma3(unsigned dst, const unsigned char* map, int c0, int c1, int c2, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma4(unsigned dst, const unsigned char* map, int c0, int c1, int c2, int c3, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+#endif
 
 // Shared-memory matrix descriptor: start address, leading-dimension byte offset, stride-dimension
 // byte offset (all >> 4), 128-byte swizzle (1 in bits 62-63).
@@ -296,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     auto tiles = [&](int m0) { return cz ? min(ntk, (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N) : ntk; };
     if (tid == 0) {
         for (int st = 0; st < STAGES; st++) {
-            mbar_init(sBar + 8 * st, PT);
+            mbar_init(sBar + 8 * st, TMA ? 1 : PT);
             mbar_init(sBar + 8 * (STAGES + st), 4 * NWG);
         }
         mbar_init(sQe, 4 * NWG);
@@ -307,6 +368,92 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     if (wg == 0) {
         // ---- producer ----
         setmaxnreg_dec<PREG>();
+#if TMA
+        if (tid >= 32) return;  // one warp builds the maps, one thread issues the copies
+        const unsigned sTm = sBar + 128;  // the three maps' shared copies, 128 bytes each
+        unsigned long long gid;
+        asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
+        const unsigned char* gTm = ks_tmaps + (unsigned)((gid * 0x9E3779B97F4A7C15ull) >> 60) * (3 * 128);
+        // Zero the three maps (384 bytes) before any field is set.
+        asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(sTm + 8 * tid), "r"(0u) : "memory");
+        if (tid < 16) asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(sTm + 256 + 8 * tid), "r"(0u) : "memory");
+        __syncwarp();
+        if (tid == 0) {
+            const unsigned sk = sTm + 128, sv = sTm + 256;
+            // K and V: [B * Hkv, L, HD] as dimensions (HD, L, B * Hkv), boxes of 64 columns x BLOCK_N keys.
+            tm_common<3>(sk, k);
+            tm_common<3>(sv, v);
+            tm_dim<0>(sk, 64, (unsigned)HD);
+            tm_dim<0>(sv, 64, (unsigned)HD);
+            tm_dim<1>(sk, BLOCK_N, (unsigned)Ln);
+            tm_dim<1>(sv, BLOCK_N, (unsigned)Ln);
+            tm_dim<2>(sk, 1, (unsigned)(B * Hkv));
+            tm_dim<2>(sv, 1, (unsigned)(B * Hkv));
+            tm_stride<0>(sk, 2ull * HD);
+            tm_stride<0>(sv, 2ull * HD);
+            tm_stride<1>(sk, 2ull * HD * Ln);
+            tm_stride<1>(sv, 2ull * HD * Ln);
+#if QO_LHD
+            // Q: [B, L, H, HD] as (HD, H, L, B), boxes of 64 columns x 1 head x BLOCK_M rows.
+            tm_common<4>(sTm, q);
+            tm_dim<0>(sTm, 64, (unsigned)HD);
+            tm_dim<1>(sTm, 1, (unsigned)Hn);
+            tm_dim<2>(sTm, BLOCK_M, (unsigned)Ln);
+            tm_dim<3>(sTm, 1, (unsigned)B);
+            tm_stride<0>(sTm, 2ull * HD);
+            tm_stride<1>(sTm, 2ull * HD * Hn);
+            tm_stride<2>(sTm, 2ull * HD * Hn * Ln);
+#else
+            // Q: [B * H, L, HD] as (HD, L, B * H), boxes of 64 columns x BLOCK_M rows.
+            tm_common<3>(sTm, q);
+            tm_dim<0>(sTm, 64, (unsigned)HD);
+            tm_dim<1>(sTm, BLOCK_M, (unsigned)Ln);
+            tm_dim<2>(sTm, 1, (unsigned)(B * Hn));
+            tm_stride<0>(sTm, 2ull * HD);
+            tm_stride<1>(sTm, 2ull * HD * Ln);
+#endif
+        }
+        __syncwarp();
+        tm_publish(gTm, sTm);
+        tm_publish(gTm + 128, sTm + 128);
+        tm_publish(gTm + 256, sTm + 256);
+        if (tid != 0) return;
+        int T = 0, n = 0;
+        for (int p = blockIdx.x; p < groups; p += gridDim.x) {
+            const int wend = min(per * p + per, items);
+#pragma unroll 1
+            for (int w = per * p; w < wend; w++, n++) {
+                int bh, mb;
+                work_item(w, nM, cz, bh, mb);
+                const int m0 = mb * BLOCK_M, nt = tiles(m0);
+                const int kvh = (bh / Hn) * (int)Hkv + (bh % Hn) / grp;
+                if (n > 0) mbar_wait(sQe, (n - 1) & 1);
+#pragma unroll 1
+                for (int t = 0; t < nt; t++, T++) {
+                    const int st = T % STAGES;
+                    if (T >= STAGES) mbar_wait(sBar + 8 * (STAGES + st), (T / STAGES - 1) & 1);
+                    const unsigned dst = sKV + 2 * st * TILE_BYTES, fb = sBar + 8 * st;
+                    // Every box lands whole (out-of-bounds elements as zeros), so the bytes are fixed.
+                    mbar_expect_tx(fb, 2 * TILE_BYTES + (t == 0 ? Q_BYTES : 0));
+                    if (t == 0) {
+#pragma unroll
+                        for (int jb = 0; jb < HDP / 64; jb++) {
+#if QO_LHD
+                            tma4(sQ + jb * BLOCK_M * 128, gTm, 64 * jb, bh % Hn, m0, bh / Hn, fb);
+#else
+                            tma3(sQ + jb * BLOCK_M * 128, gTm, 64 * jb, m0, bh, fb);
+#endif
+                        }
+                    }
+#pragma unroll
+                    for (int jb = 0; jb < HDP / 64; jb++) {
+                        tma3(dst + jb * BLOCK_N * 128, gTm + 128, 64 * jb, t * BLOCK_N, kvh, fb);
+                        tma3(dst + TILE_BYTES + jb * BLOCK_N * 128, gTm + 256, 64 * jb, t * BLOCK_N, kvh, fb);
+                    }
+                }
+            }
+        }
+#else
         int T = 0, n = 0;  // tiles and items this block has loaded
         for (int p = blockIdx.x; p < groups; p += gridDim.x) {
             const int wend = min(per * p + per, items);
@@ -340,6 +487,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
             }
         }
         cp_wait_all();  // nothing of this block in flight when the producer exits
+#endif
     } else {
         // ---- consumers: warpgroup c owns query rows m0 + 64c .. m0 + 64c + 63 of each item ----
         setmaxnreg_inc<CREG>();
@@ -357,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         // Tile T (counted over the block's items) has landed in its stage.
         auto wait_tile = [&](int T) {
             mbar_wait(sBar + 8 * (T % STAGES), (T / STAGES) & 1);
-            fence_proxy_async();
+            if (!TMA) fence_proxy_async();  // cp.async writes are the generic proxy's; TMA's the async proxy's
         };
         // This warp is done with the stage of tile T.
         auto release = [&](int T) {

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# On the GPU machine: flash_ws with its loads on the tensor-memory accelerator (TMA=1: tensor maps
+# built on the device, tasks/attention/cuda/flash_ws.cu's header) against the same kernel's
+# cp.async build and cuDNN's SDPA, one call, through bench/cuda_dev.py (every element checked
+# against the float32 SDPA reference, NaN-poisoned outputs in NaN guard zones, CUDA events with L2
+# flushed, medians; the peer timed in the same process):
+#   1. correctness first, no timing: the stress suite (ragged L 1..1500, grouped- and multi-query
+#      heads, D 64 / 96 / 128, shapes with more items than blocks) for the TMA build, each run under
+#      `timeout` so that a map the hardware refuses or a barrier that never completes costs a minute,
+#      not the call;
+#   2. timing, ROUNDS times alternating the two builds: the anchor shapes (4,32,32,2048,128 with
+#      and without the causal mask, the Llama shapes), the task's search and held-out workloads,
+#      at FIX (default: the task's defaults and STAGES 2).
+# Here:   ATT_PREPARE=1 bash bench/attention_tma.sh   (NVRTC into .att-cubins, both builds)
+# There:  bash bench/attention_tma.sh                 (carry .att-cubins)
+# MLX (the same builds inside MLX against mx.fast.scaled_dot_product_attention), after the MLX
+# staging call of bench/mlx_attention.sh's header:
+#   KS_ATT_KERNEL=flash_ws VARIANTS="default;TMA=1" ATT_BUDGET=0 SKIP_RUST_BENCH=1 bash bench/mlx_attention.sh
+# Logs land in $OUT; a summary of both builds' times and ratios last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTDIR=${OUT:-/tmp/attention-tma}
+mkdir -p "$OUTDIR"
+export PYTHONUNBUFFERED=1 KS_CUBIN_DIR=${KS_CUBIN_DIR:-$PWD/.att-cubins} KS_BACKENDS=cuda KS_KERNELS=flash_ws
+FIX=${FIX:-"STAGES=2|3,BLOCK_N=128,PP=1,CTAS=132"}
+mode=run
+[ "${ATT_PREPARE:-0}" = 1 ] && mode=prepare
+
+# $1: label, $2: KS_DEFS, $3: suites, $4: KS_TIME, $5: KS_FIX, $6: timeout (s)
+pass() {
+    local log="$OUTDIR/$1.log"
+    if [ "$mode" = prepare ]; then
+        KS_DEFS=$2 KS_SUITES=$3 KS_TIME=$4 KS_FIX=$5 python3 bench/cuda_dev.py prepare attention | grep -E "^prepare"
+        return
+    fi
+    KS_DEFS=$2 KS_SUITES=$3 KS_TIME=$4 KS_FIX=$5 timeout "$6" python3 bench/cuda_dev.py run attention > "$log" 2>&1
+    echo "$1: exit $? ($log): $(grep -E '^==== checked' "$log" || echo 'no summary: cut off or crashed')"
+}
+
+# 1. correctness of the TMA build first (a hang is cut off by the timeout)
+pass tma-stress "TMA=1" stress 0 "CTAS=132|1048576" 240
+# 2. timing, the two builds alternating
+for r in $(seq "${ROUNDS:-2}"); do
+    pass "cpasync-time-$r" "" anchor,search,heldout 1 "$FIX" 240
+    pass "tma-time-$r" "TMA=1" anchor,search,heldout 1 "$FIX" 240
+    [ "$mode" = prepare ] && break
+done
+[ "$mode" = prepare ] && exit 0
+
+echo "== summaries (bench/cuda_dev.py's: the best correct configuration per workload, the peers of the same process) =="
+for f in "$OUTDIR"/*-time-*.log; do
+    echo "-- $(basename "$f" .log)"
+    sed -n '/^==== summary/,$p' "$f" | tail -n +2
+done
+grep -h "^FAILED" "$OUTDIR"/*.log | head -20
