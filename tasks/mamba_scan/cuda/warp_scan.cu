@@ -36,7 +36,9 @@
 // Any L (steps past L are zeros: a zero step leaves the state unchanged, exp2(0) = 1 and
 // delta u Bm = 0; y stored only below L), any D (warps past D compute zeros and store nothing;
 // element loads where D % (row piece) != 0). Tunables: NS (== N), K (steps per lane: 4, 8, 16),
-// CB (channels, i.e. warps, per block: 4, 6, 8, 12, 16; 6 and 12 spread d_inner 1536 evenly),
+// CB (channels, i.e. warps, per block: 4, 6, 8, 12, 16; 6 and 12 spread d_inner 1536 evenly; K 16 with
+// CB 6, two blocks of 6 warps per SM at 168 registers, converts (Bm, Cm) rounds of 24 steps, each
+// step placing itself in its lane row),
 // BF ((Bm, Cm) in shared memory as f16 pairs, one word per step and state widened in the loop, or as
 // f32 pairs: twice the words, no conversions), SP (states processed side by side, their dependent
 // chains interleaved: 1, 2, 4, 8), P2 (0: the second pass forms each step's state from the kept
@@ -217,7 +219,9 @@ __device__ __forceinline__ void convert(Smem& sm, const Raw& r, int tid) {
     }
     {
         constexpr int ST = 2 * NTH / NS;  // steps per round
-        static_assert(ST % K == 0, "2 NTH / NS must be a multiple of K");
+        // Where a round is not a whole number of lane rows (K 16 with CB 6: 24 steps), each round's
+        // step finds its lane row and place on its own (GW); else they move by a fixed stride.
+        constexpr bool GW = ST % K != 0;
         constexpr int RD = (T + ST - 1) / ST;  // rounds; the last one partial where ST does not divide T (CB 6, 12)
         const int n = 2 * (tid % (NS / 2)), t0 = tid / (NS / 2);
         const unsigned* sb = (const unsigned*)&r.bm[t0][n];
@@ -228,11 +232,11 @@ __device__ __forceinline__ void convert(Smem& sm, const Raw& r, int tid) {
             if (T % ST != 0 && j == RD - 1 && t0 + j * ST >= T) break;
             const unsigned wb = sb[j * ST * NS / 2], wc = sc[j * ST * NS / 2];
 #if RT && NQ > 1
-            const int lj = t0 / K + j * (ST / K);  // the lane whose row takes this round's step
-            const int w = (BF ? 2 : 1) * (t0 % K);
+            const int lj = GW ? (t0 + j * ST) / K : t0 / K + j * (ST / K);  // the lane whose row takes this round's step
+            const int w = (BF ? 2 : 1) * (GW ? (t0 + j * ST) % K : t0 % K);
             const int oj = lj * KP + 4 * ((w / 4 + rot(lj)) % NQ) + w % 4;
 #else
-            const int oj = o + j * (ST / K) * KP;
+            const int oj = GW ? ((t0 + j * ST) / K) * KP + (BF ? 2 : 1) * ((t0 + j * ST) % K) : o + j * (ST / K) * KP;
 #endif
 #if BF
             float b0, b1, c0, c1;
