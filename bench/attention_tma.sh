@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # On the GPU machine: flash_ws with its loads on the tensor-memory accelerator (TMA=1: tensor maps
-# built on the device, tasks/attention/cuda/flash_ws.cu's header) against the same kernel's
-# cp.async build and cuDNN's SDPA, one call, through bench/cuda_dev.py (every element checked
+# built on the device, tasks/attention/cuda/flash_ws.cu's header), with and without its conditional
+# rescale (RS=1), against the same kernel's cp.async build and cuDNN's SDPA, one call, through bench/cuda_dev.py (every element checked
 # against the float32 SDPA reference, NaN-poisoned outputs in NaN guard zones, CUDA events with L2
 # flushed, medians; the peer timed in the same process):
 #   1. correctness first, no timing: the stress suite (ragged L 1..1500, grouped- and multi-query
-#      heads, D 64 / 96 / 128, shapes with more items than blocks) for the TMA build, each run under
+#      heads, D 64 / 96 / 128, shapes with more items than blocks) for each new build, each run under
 #      `timeout` so that a map the hardware refuses or a barrier that never completes costs a minute,
 #      not the call;
-#   2. timing, ROUNDS times alternating the two builds: the anchor shapes (4,32,32,2048,128 with
+#   2. timing, ROUNDS (1) times alternating the builds (BUILDS): the anchor shapes (4,32,32,2048,128 with
 #      and without the causal mask, the Llama shapes), the task's search and held-out workloads,
 #      at FIX (default: the task's defaults and STAGES 2).
-# Here:   ATT_PREPARE=1 bash bench/attention_tma.sh   (NVRTC into .att-cubins, both builds)
+# Here:   ATT_PREPARE=1 bash bench/attention_tma.sh   (NVRTC into .att-cubins, every build)
 # There:  bash bench/attention_tma.sh                 (carry .att-cubins)
 # MLX (the same builds inside MLX against mx.fast.scaled_dot_product_attention), after the MLX
 # staging call of bench/mlx_attention.sh's header:
-#   KS_ATT_KERNEL=flash_ws VARIANTS="default;TMA=1" ATT_BUDGET=0 SKIP_RUST_BENCH=1 bash bench/mlx_attention.sh
-# Logs land in $OUT; a summary of both builds' times and ratios last.
+#   KS_ATT_KERNEL=flash_ws VARIANTS="default;TMA=1;TMA=1,RS=1" ATT_BUDGET=0 SKIP_RUST_BENCH=1 bash bench/mlx_attention.sh
+# Logs land in $OUT; every build's summary (times, ratios to cuDNN) last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/attention-tma}
@@ -37,12 +37,21 @@ pass() {
     echo "$1: exit $? ($log): $(grep -E '^==== checked' "$log" || echo 'no summary: cut off or crashed')"
 }
 
-# 1. correctness of the TMA build first (a hang is cut off by the timeout)
-pass tma-stress "TMA=1" stress 0 "CTAS=132|1048576" 240
-# 2. timing, the two builds alternating
-for r in $(seq "${ROUNDS:-2}"); do
-    pass "cpasync-time-$r" "" anchor,search,heldout 1 "$FIX" 240
-    pass "tma-time-$r" "TMA=1" anchor,search,heldout 1 "$FIX" 240
+# BUILDS: the builds compared, `;`-separated KS_DEFS ("" the plain kernel); RS=1 is the kernel's
+# conditional rescale (its header), also not yet a tunable.
+BUILDS=${BUILDS:-";TMA=1;RS=1;TMA=1,RS=1"}
+IFS=';' read -r -a builds <<< "$BUILDS"
+[ "${BUILDS: -1}" = ";" ] && builds+=("")
+label() { [ -n "$1" ] && echo "${1//[=,]/-}" || echo plain; }
+# 1. correctness of the new builds first (a hang is cut off by the timeout)
+for b in "${builds[@]}"; do
+    [ -n "$b" ] && pass "$(label "$b")-stress" "$b" stress 0 "CTAS=132|1048576" 180
+done
+# 2. timing, the builds alternating
+for r in $(seq "${ROUNDS:-1}"); do
+    for b in "${builds[@]}"; do
+        pass "$(label "$b")-time-$r" "$b" anchor,search,heldout 1 "$FIX" 180
+    done
     [ "$mode" = prepare ] && break
 done
 [ "$mode" = prepare ] && exit 0

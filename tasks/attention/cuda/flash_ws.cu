@@ -56,6 +56,10 @@
 // zeros (out-of-bounds fill), and the consumers need no proxy fence (the copies are async-proxy
 // writes). Every block of a launch writes the same bytes to the launch's slot (16 slots picked by
 // a hash of %gridid, so launches running at the same time on other streams use other slots).
+// RS=1 (not yet a tunable: measured on no GPU so far): a warp moves its rows' running maxima only
+// where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
+// Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread
+// and tile) and its probabilities reach at most 2^8.
 // f16 data handled as raw 16-bit words; no headers needed.
 #ifndef HD
 #define HD 128
@@ -74,6 +78,9 @@
 #endif
 #ifndef TMA
 #define TMA 0
+#endif
+#ifndef RS
+#define RS 0
 #endif
 #ifndef PREG
 #define PREG 48
@@ -500,6 +507,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
 #pragma unroll
         for (int i = 0; i < BLOCK_N / 4; i++) pprev[i] = 0u;
         float mrow0, mrow1, lrow0, lrow1, al0 = 1.f, al1 = 1.f;
+        bool resc = true;  // RS: some row of the warp moved its running maximum (oacc is rescaled)
         int wrow0 = 0, r0 = 0;  // the item's first query row of this warpgroup, this thread's rows r0, r0 + 8
 
         // Tile T (counted over the block's items) has landed in its stage.
@@ -562,9 +570,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
             // Tile 0 holds key 0, visible to every row: the running maxima are finite from then on.
+#if RS
+            // The running maxima move only where a row's tile maximum exceeds it by more than 8 (log2
+            // units) in some row of the warp; otherwise the warp keeps its maxima, its probabilities
+            // stay below 2^8 (f16 holds them; the sums are f32) and the rescale of oacc is skipped.
+            resc = __any_sync(0xffffffff, mx0 * sl2 > mrow0 + 8.f || mx1 * sl2 > mrow1 + 8.f);
+            const float mn0 = resc ? fmaxf(mrow0, mx0 * sl2) : mrow0, mn1 = resc ? fmaxf(mrow1, mx1 * sl2) : mrow1;
+            al0 = resc ? ex2(mrow0 - mn0) : 1.f;
+            al1 = resc ? ex2(mrow1 - mn1) : 1.f;
+#else
             const float mn0 = fmaxf(mrow0, mx0 * sl2), mn1 = fmaxf(mrow1, mx1 * sl2);
             al0 = ex2(mrow0 - mn0);
             al1 = ex2(mrow1 - mn1);
+#endif
             mrow0 = mn0;
             mrow1 = mn1;
             float ls0 = 0.f, ls1 = 0.f;
@@ -643,12 +661,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                     wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc
                     pin<HDP / 2>(oacc);
                     release(T0 + t - 1);
+                    if (!RS || resc) {
 #pragma unroll
-                    for (int j = 0; j < HDP / 8; j++) {
-                        oacc[4 * j] *= al0;
-                        oacc[4 * j + 1] *= al0;
-                        oacc[4 * j + 2] *= al1;
-                        oacc[4 * j + 3] *= al1;
+                        for (int j = 0; j < HDP / 8; j++) {
+                            oacc[4 * j] *= al0;
+                            oacc[4 * j + 1] *= al0;
+                            oacc[4 * j + 2] *= al1;
+                            oacc[4 * j + 3] *= al1;
+                        }
                     }
                     pack_p();
                 }
