@@ -425,7 +425,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         tm_publish(gTm + 128, sTm + 128);
         tm_publish(gTm + 256, sTm + 256);
         if (tid != 0) return;
-        int T = 0, n = 0;
+#endif
+        int T = 0, n = 0;  // tiles and items this block has loaded
         for (int p = blockIdx.x; p < groups; p += gridDim.x) {
             const int wend = min(per * p + per, items);
 #pragma unroll 1
@@ -433,14 +434,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                 int bh, mb;
                 work_item(w, nM, cz, bh, mb);
                 const int m0 = mb * BLOCK_M, nt = tiles(m0);
-                const int kvh = (bh / Hn) * (int)Hkv + (bh % Hn) / grp;
-                if (n > 0) mbar_wait(sQe, (n - 1) & 1);
+                const long long kvh = (long long)(bh / Hn) * Hkv + (bh % Hn) / grp;  // key/value head
+                if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous item's S products are done
+#if !TMA
+                const unsigned short* Kg = k + kvh * L * HD;
+                const unsigned short* Vg = v + kvh * L * HD;
+                // Q's copies complete the full barrier of the item's first tile too.
+                load_tile<BLOCK_M, false>(sQ, q + qo_row(bh, m0, Hn, L), Ln - m0, tid, QO_LHD ? (long long)Hn * HD : HD);
+#endif
 #pragma unroll 1
                 for (int t = 0; t < nt; t++, T++) {
                     const int st = T % STAGES;
                     if (T >= STAGES) mbar_wait(sBar + 8 * (STAGES + st), (T / STAGES - 1) & 1);
-                    const unsigned dst = sKV + 2 * st * TILE_BYTES, fb = sBar + 8 * st;
-                    // Every box lands whole (out-of-bounds elements as zeros), so the bytes are fixed.
+                    const unsigned dst = sKV + 2 * st * TILE_BYTES;
+#if TMA
+                    // Every box lands whole (out-of-bounds elements as zeros), so the bytes are
+                    // fixed; Q's boxes complete the full barrier of the item's first tile too.
+                    const unsigned fb = sBar + 8 * st;
                     mbar_expect_tx(fb, 2 * TILE_BYTES + (t == 0 ? Q_BYTES : 0));
                     if (t == 0) {
 #pragma unroll
@@ -454,32 +464,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                     }
 #pragma unroll
                     for (int jb = 0; jb < HDP / 64; jb++) {
-                        tma3(dst + jb * BLOCK_N * 128, gTm + 128, 64 * jb, t * BLOCK_N, kvh, fb);
-                        tma3(dst + TILE_BYTES + jb * BLOCK_N * 128, gTm + 256, 64 * jb, t * BLOCK_N, kvh, fb);
+                        tma3(dst + jb * BLOCK_N * 128, gTm + 128, 64 * jb, t * BLOCK_N, (int)kvh, fb);
+                        tma3(dst + TILE_BYTES + jb * BLOCK_N * 128, gTm + 256, 64 * jb, t * BLOCK_N, (int)kvh, fb);
                     }
-                }
-            }
-        }
 #else
-        int T = 0, n = 0;  // tiles and items this block has loaded
-        for (int p = blockIdx.x; p < groups; p += gridDim.x) {
-            const int wend = min(per * p + per, items);
-#pragma unroll 1
-            for (int w = per * p; w < wend; w++, n++) {
-                int bh, mb;
-                work_item(w, nM, cz, bh, mb);
-                const int m0 = mb * BLOCK_M, nt = tiles(m0);
-                const long long kvh = (long long)(bh / Hn) * Hkv + (bh % Hn) / grp;  // key/value head
-                const unsigned short* Kg = k + kvh * L * HD;
-                const unsigned short* Vg = v + kvh * L * HD;
-                if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous item's S products are done
-                // Q's copies complete the full barrier of the item's first tile too.
-                load_tile<BLOCK_M, false>(sQ, q + qo_row(bh, m0, Hn, L), Ln - m0, tid, QO_LHD ? (long long)Hn * HD : HD);
-#pragma unroll 1
-                for (int t = 0; t < nt; t++, T++) {
-                    const int st = T % STAGES;
-                    if (T >= STAGES) mbar_wait(sBar + 8 * (STAGES + st), (T / STAGES - 1) & 1);
-                    const unsigned dst = sKV + 2 * st * TILE_BYTES;
                     const long long off = (long long)t * BLOCK_N * HD;
                     const int kv = min(BLOCK_N, Ln - t * BLOCK_N);
                     if (kv == BLOCK_N) {
@@ -490,9 +478,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                         load_tile<BLOCK_N, false>(dst + TILE_BYTES, Vg + off, kv, tid);
                     }
                     mbar_arrive_cp(sBar + 8 * st);  // arrives once this thread's copies so far have landed
+#endif
                 }
             }
         }
+#if !TMA
         cp_wait_all();  // nothing of this block in flight when the producer exits
 #endif
     } else {
