@@ -49,13 +49,15 @@
 // accelerator instead of cp.async. One producer warp builds the three tensor maps (Q, K, V) on the
 // device at the block's start, from zeroed shared memory and tensormap.replace of every field (the
 // kernel gets plain pointers from both back-ends, so no map can be encoded on the host), copies
-// them to a slot of module-scope global memory (tensormap.cp_fenceproxy, then an acquire fence);
+// them to a slot of its own in module-scope global memory (tensormap.cp_fenceproxy, then an acquire
+// fence);
 // one thread then issues each tile as 64-column boxes (cp.async.bulk.tensor, 128-byte swizzle: the
 // layout chunk_off describes) that complete the stage's full mbarrier by bytes (armed with
 // arrive.expect_tx; one arrival per phase); rows past L and the columns past HD = 96 arrive as
 // zeros (out-of-bounds fill), and the consumers need no proxy fence (the copies are async-proxy
-// writes). Every block of a launch writes the same bytes to the launch's slot (16 slots picked by
-// a hash of %gridid, so launches running at the same time on other streams use other slots).
+// writes). A block takes its slot from a ring of 1024 by an atomic ticket, so two blocks share one
+// only if 1024 blocks of the build start during one's life: at one block per SM (its shared
+// memory), at most 132 run at once on an H200, whatever the launches and streams.
 // RS=1 (not yet a tunable: measured on no GPU so far): a warp moves its rows' running maxima only
 // where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
 // Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread
@@ -177,8 +179,9 @@ __device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
 
 #if TMA
 // ---- tensor maps built on the device (TMA=1) ----
-#define TM_SLOTS 16
+#define TM_SLOTS 1024
 __device__ __align__(128) unsigned char ks_tmaps[TM_SLOTS * 3 * 128];
+__device__ unsigned long long ks_tm_ticket;  // blocks started so far: block i's maps live in slot i % TM_SLOTS
 // Arrive on the barrier and add `bytes` to the transaction count its phase waits for.
 __device__ __forceinline__ void mbar_expect_tx(unsigned a, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
@@ -378,9 +381,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
 #if TMA
         if (tid >= 32) return;  // one warp builds the maps, one thread issues the copies
         const unsigned sTm = sBar + 128;  // the three maps' shared copies, 128 bytes each
-        unsigned long long gid;
-        asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
-        const unsigned char* gTm = ks_tmaps + (unsigned)((gid * 0x9E3779B97F4A7C15ull) >> 60) * (3 * 128);
+        unsigned slot = 0;
+        if (tid == 0) slot = (unsigned)(atomicAdd(&ks_tm_ticket, 1ull) % TM_SLOTS);  // lands while the maps are built
         // Zero the three maps (384 bytes) before any field is set.
         asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(sTm + 8 * tid), "r"(0u) : "memory");
         if (tid < 16) asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(sTm + 256 + 8 * tid), "r"(0u) : "memory");
@@ -420,7 +422,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
             tm_stride<1>(sTm, 2ull * HD * Ln);
 #endif
         }
-        __syncwarp();
+        __syncwarp();  // lane 0's fields before the warp's copy
+        const unsigned char* gTm = ks_tmaps + __shfl_sync(0xffffffff, slot, 0) * (3 * 128);
         tm_publish(gTm, sTm);
         tm_publish(gTm + 128, sTm + 128);
         tm_publish(gTm + 256, sTm + 256);
