@@ -4,10 +4,11 @@
 # rescale (RS=1), against the same kernel's cp.async build and cuDNN's SDPA, one call, through bench/cuda_dev.py (every element checked
 # against the float32 SDPA reference, NaN-poisoned outputs in NaN guard zones, CUDA events with L2
 # flushed, medians; the peer timed in the same process):
-#   1. correctness first, no timing: the stress suite (ragged L 1..1500, grouped- and multi-query
-#      heads, D 64 / 96 / 128, shapes with more items than blocks) for each new build, each run under
-#      `timeout` so that a map the hardware refuses or a barrier that never completes costs a minute,
-#      not the call;
+#   1. correctness first, no timing, for each new build: one checked launch at the first anchor
+#      shape under a 60 s timeout (a map the hardware refuses or a barrier that never completes
+#      costs a minute, not the call), then the stress suite (ragged L 1..1500, grouped- and
+#      multi-query heads, D 64 / 96 / 128, shapes with more items than blocks); a build failing
+#      either is not timed;
 #   2. timing, ROUNDS (1) times alternating the builds (BUILDS): the anchor shapes (4,32,32,2048,128 with
 #      and without the causal mask, the Llama shapes), the task's search and held-out workloads,
 #      at FIX (default: the task's defaults and STAGES 2).
@@ -34,7 +35,9 @@ pass() {
         return
     fi
     KS_DEFS=$2 KS_SUITES=$3 KS_TIME=$4 KS_FIX=$5 timeout "$6" python3 bench/cuda_dev.py run attention > "$log" 2>&1
-    echo "$1: exit $? ($log): $(grep -E '^==== checked' "$log" || echo 'no summary: cut off or crashed')"
+    local rc=$?
+    echo "$1: exit $rc ($log): $(grep -E '^==== checked' "$log" || echo 'no summary: cut off or crashed')"
+    return $rc
 }
 
 # BUILDS: the builds compared, `;`-separated KS_DEFS ("" the plain kernel); RS=1 is the kernel's
@@ -43,10 +46,16 @@ BUILDS=${BUILDS:-";TMA=1;RS=1;TMA=1,RS=1"}
 IFS=';' read -r -a builds <<< "$BUILDS"
 [ "${BUILDS: -1}" = ";" ] && builds+=("")
 label() { [ -n "$1" ] && echo "${1//[=,]/-}" || echo plain; }
-# 1. correctness of the new builds first (a hang is cut off by the timeout)
+# 1. correctness of the new builds first: one checked launch at the first anchor shape (a map the
+# hardware refuses or a barrier that never completes shows here, cut off after 60 s), then the
+# stress suite; a build that fails either is left out of the timing
+ok=()
 for b in "${builds[@]}"; do
-    [ -n "$b" ] && pass "$(label "$b")-stress" "$b" stress 0 "CTAS=132|1048576" 180
+    if [ -z "$b" ]; then ok+=(""); continue; fi
+    KS_MAXCFG=1 KS_HELDOUT=0 pass "$(label "$b")-smoke" "$b" anchor 0 "CTAS=132,STAGES=3" 60 &&
+        pass "$(label "$b")-stress" "$b" stress 0 "CTAS=132|1048576" 180 && ok+=("$b")
 done
+[ "$mode" = prepare ] || builds=("${ok[@]}")
 # 2. timing, the builds alternating
 for r in $(seq "${ROUNDS:-1}"); do
     for b in "${builds[@]}"; do
