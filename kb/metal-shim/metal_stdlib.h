@@ -1,11 +1,18 @@
 // ksearch Metal shim: lets a C++17 compiler (clang++ or g++) syntax- and type-check Metal
-// Shading Language kernels on Linux, where no Metal compiler exists.
+// Shading Language kernels on Linux, where no Metal compiler exists, and (with KS_METAL_EXEC
+// defined) run them on the CPU.
 //
 // It models what kernels use: address-space qualifiers (erased), attributes (ignored by the
 // compiler, `-w`), scalar and vector types, math, SIMD-group, barrier, atomic and
-// simdgroup_matrix functions. It is a checker, not an emulator: bodies are stubs. Known gaps:
-// vector swizzles beyond .x/.y/.z/.w/.r/.g/.b/.a (e.g. `.xy`), textures, and address-space
-// mismatches (device vs threadgroup pointers are not told apart).
+// simdgroup_matrix functions. Known gaps: vector swizzles beyond .x/.y/.z/.w/.r/.g/.b/.a (e.g.
+// `.xy`), textures, and address-space mismatches (device vs threadgroup pointers are not told
+// apart).
+// Execution mode (KS_METAL_EXEC): half and bfloat are 16-bit storage rounded to
+// nearest even; a threadgroup's threads are cooperatively scheduled fibers; barriers and SIMD-group
+// functions are rendezvous of the threads (or lanes) that have not returned; threadgroup memory is
+// a 32 KB arena per threadgroup, filled with NaN bytes before each one; a simdgroup_matrix holds
+// its whole 8x8 matrix in every lane (a store writes the lane's two elements). Arithmetic on half
+// runs in float and rounds on assignment.
 // Names and signatures follow Apple's Metal Shading Language Specification.
 #ifndef KSEARCH_METAL_SHIM_H
 #define KSEARCH_METAL_SHIM_H
@@ -13,6 +20,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#ifdef KS_METAL_EXEC
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+#include <cstdio>
+#include <vector>
+#endif
 
 // Address spaces and function qualifiers: erased.
 #define device
@@ -47,7 +61,48 @@ typedef unsigned char uchar;
 typedef unsigned long ulong;
 
 // Half and bfloat: storage types that convert to and from float. Arithmetic happens in float
-// and converts back on assignment, which is enough for type checking.
+// and converts back on assignment, which is enough for type checking; in execution mode they are
+// 16 bits wide and round to nearest even, as the GPU stores them.
+#ifdef KS_METAL_EXEC
+inline float ks_bits_f(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+inline uint32_t ks_f_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
+inline uint16_t ks_f2h(float f) {
+  const uint32_t x = ks_f_bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds past 65504: inf
+  if (ax < 0x38800000u) {                                   // below 2^-14: subnormal or zero
+    const float r = ks_bits_f(ax) * 16777216.0f;            // * 2^24: the subnormal's integer
+    return uint16_t(sign | uint32_t(__builtin_nearbyintf(r)));
+  }
+  const uint32_t m = ax + 0xfffu + ((ax >> 13) & 1u);       // round the 13 dropped bits to even
+  return uint16_t(sign | ((m - 0x38000000u) >> 13));
+}
+inline float ks_h2f(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return ks_bits_f(sign | ks_f_bits(float(m) * (1.0f / 16777216.0f)));
+  if (e == 31) return ks_bits_f(sign | 0x7f800000u | (m << 13));
+  return ks_bits_f(sign | ((e + 112u) << 23) | (m << 13));
+}
+inline uint16_t ks_f2bf(float f) {
+  const uint32_t x = ks_f_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uint16_t((x >> 16) | 0x40u);
+  return uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+inline float ks_bf2f(uint16_t h) { return ks_bits_f(uint32_t(h) << 16); }
+#define KS_SMALL_FLOAT(NAME, TO, FROM)                                                        \
+  struct NAME {                                                                               \
+    uint16_t bits;                                                                            \
+    NAME() = default;                                                                         \
+    NAME(float f) : bits(TO(f)) {}                                                            \
+    operator float() const { return FROM(bits); }                                             \
+    NAME& operator+=(float o) { return *this = NAME(float(*this) + o); }                      \
+    NAME& operator-=(float o) { return *this = NAME(float(*this) - o); }                      \
+    NAME& operator*=(float o) { return *this = NAME(float(*this) * o); }                      \
+    NAME& operator/=(float o) { return *this = NAME(float(*this) / o); }                      \
+  };
+KS_SMALL_FLOAT(half, ks_f2h, ks_h2f)
+KS_SMALL_FLOAT(bfloat, ks_f2bf, ks_bf2f)
+#else
 #define KS_SMALL_FLOAT(NAME)                                                                  \
   struct NAME {                                                                               \
     float v;                                                                                  \
@@ -61,6 +116,7 @@ typedef unsigned long ulong;
   };
 KS_SMALL_FLOAT(half)
 KS_SMALL_FLOAT(bfloat)
+#endif
 #undef KS_SMALL_FLOAT
 typedef half float16_t;
 typedef bfloat bfloat16_t;
@@ -289,6 +345,319 @@ enum class mem_flags : unsigned {
 inline mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(unsigned(a) | unsigned(b)); }
 enum memory_order { memory_order_relaxed, memory_order_acquire, memory_order_release, memory_order_acq_rel, memory_order_seq_cst };
 enum thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup, thread_scope_device };
+#ifdef KS_METAL_EXEC
+}  // namespace metal
+
+// ---- the executor: a threadgroup's threads as cooperatively scheduled fibers ----
+namespace ks {
+[[noreturn]] inline void fail(const char* what) {
+  fprintf(stderr, "metal-emu: %s\n", what);
+  fflush(stderr);
+  _exit(3);
+}
+enum : int { RUN = 0, AT_TG = 1, AT_SIMD = 2, DONE = 3 };
+// A SIMD-group function's call site (its line in the kernel, and the function): lanes must reach
+// the same one.
+enum : int { OP_NONE = 0 };
+constexpr int SIMD = 32;
+constexpr size_t TG_BYTES = 32768;  // Apple GPUs' threadgroup memory
+constexpr size_t STACK = 256 * 1024;  // per thread; a deeper stack faults on its guard page
+struct Lane {
+  ucontext_t ctx;
+  int state;
+};
+struct SimdGroup {
+  int waiting = 0;
+  unsigned gen = 0;
+  unsigned mask[2] = {0, 0};
+  int kind[2] = {OP_NONE, OP_NONE};
+  alignas(16) unsigned char slot[2][SIMD][64];
+};
+struct Group {
+  int n = 0, live = 0, cur = 0, tg_waiting = 0;
+  std::vector<Lane> lanes;
+  std::vector<SimdGroup> sgs;
+  std::vector<char*> stacks;
+  ucontext_t sched;
+  void (*body_fn)(int) = nullptr;
+  alignas(64) unsigned char mem[TG_BYTES];
+  size_t used = 0;
+  std::vector<std::pair<int, size_t>> decls;
+};
+inline Group& G() {
+  static Group* g = new Group();
+  return *g;
+}
+// Threadgroup storage declared at `id`: one per threadgroup, allocated by its first thread.
+template <class T> T* tg_alloc(int id) {
+  Group& g = G();
+  for (auto& d : g.decls)
+    if (d.first == id) return reinterpret_cast<T*>(g.mem + d.second);
+  const size_t off = (g.used + alignof(T) - 1 + 15) / 16 * 16;
+  if (off + sizeof(T) > TG_BYTES) fail("threadgroup memory over 32 KB (Apple GPUs' limit)");
+  g.used = off + sizeof(T);
+  g.decls.push_back({id, off});
+  return reinterpret_cast<T*>(g.mem + off);
+}
+inline void block(int st) {
+  Group& g = G();
+  const int i = g.cur;
+  g.lanes[i].state = st;
+  swapcontext(&g.lanes[i].ctx, &g.sched);
+}
+inline int live_in(int sg) {
+  Group& g = G();
+  int c = 0;
+  for (int i = sg * SIMD; i < g.n && i < (sg + 1) * SIMD; i++) c += g.lanes[i].state != DONE;
+  return c;
+}
+// Completes SIMD-group sg's pending function: its waiting lanes run again.
+inline void simd_release(int sg) {
+  Group& g = G();
+  SimdGroup& s = g.sgs[sg];
+  for (int i = sg * SIMD; i < g.n && i < (sg + 1) * SIMD; i++)
+    if (g.lanes[i].state == AT_SIMD) g.lanes[i].state = RUN;
+  s.waiting = 0;
+  s.gen++;
+  s.mask[s.gen & 1] = 0;
+  s.kind[s.gen & 1] = OP_NONE;
+}
+inline void tg_release() {
+  Group& g = G();
+  for (int i = 0; i < g.n; i++)
+    if (g.lanes[i].state == AT_TG) g.lanes[i].state = RUN;
+  g.tg_waiting = 0;
+}
+inline void tg_barrier() {
+  Group& g = G();
+  if (g.tg_waiting + 1 == g.live) {
+    tg_release();
+    return;
+  }
+  g.tg_waiting++;
+  block(AT_TG);
+}
+// Every lane of the SIMD-group that has not returned deposits `v` and waits for the others; then
+// each reads the deposits (`mask`: the lanes that took part) of this call.
+inline const unsigned char (*collect(const void* v, size_t n, int kind, unsigned& mask, int& lane))[64] {
+  Group& g = G();
+  const int i = g.cur, sg = i / SIMD;
+  lane = i % SIMD;
+  SimdGroup& s = g.sgs[sg];
+  const unsigned buf = s.gen & 1;
+  if (s.kind[buf] != OP_NONE && s.kind[buf] != kind)
+    fail("lanes of one SIMD-group reached different SIMD-group function calls (divergent control flow; the executor needs every lane that has not returned at the same call)");
+  s.kind[buf] = kind;
+  __builtin_memcpy(s.slot[buf][lane], v, n);
+  s.mask[buf] |= 1u << lane;
+  if (s.waiting + 1 == live_in(sg)) {
+    simd_release(sg);
+  } else {
+    s.waiting++;
+    block(AT_SIMD);
+  }
+  mask = s.mask[buf];
+  return s.slot[buf];
+}
+template <class T> T poisoned() {
+  T t;
+  __builtin_memset(&t, 0xff, sizeof(T));
+  return t;
+}
+template <class T> T lane_value(const unsigned char (*s)[64], unsigned mask, int l) {
+  if (l < 0 || l >= SIMD || !((mask >> l) & 1u)) return poisoned<T>();  // an inactive lane
+  T t;
+  __builtin_memcpy(&t, s[l], sizeof(T));
+  return t;
+}
+inline void trampoline(int idx) {
+  Group& g = G();
+  g.body_fn(idx);
+  g.lanes[idx].state = DONE;
+  g.live--;
+  const int sg = idx / SIMD;
+  if (g.sgs[sg].waiting > 0 && g.sgs[sg].waiting == live_in(sg)) simd_release(sg);
+  if (g.tg_waiting > 0 && g.tg_waiting == g.live) tg_release();
+  setcontext(&g.sched);
+}
+// Run one threadgroup of n threads to completion.
+inline void run_group(int n, void (*fn)(int)) {
+  Group& g = G();
+  while ((int)g.stacks.size() < n) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char* p = (char*)mmap(nullptr, STACK + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == (char*)MAP_FAILED) fail("no memory for thread stacks");
+    mprotect(p, page, PROT_NONE);  // guard: a stack overflow faults
+    g.stacks.push_back(p + page);
+  }
+  g.n = n;
+  g.live = n;
+  g.tg_waiting = 0;
+  g.body_fn = fn;
+  g.lanes.assign(n, Lane());
+  g.sgs.assign((n + SIMD - 1) / SIMD, SimdGroup());
+  g.used = 0;
+  g.decls.clear();
+  __builtin_memset(g.mem, 0xff, TG_BYTES);  // NaN: threadgroup memory is not initialised
+  for (int i = 0; i < n; i++) {
+    Lane& l = g.lanes[i];
+    l.state = RUN;
+    getcontext(&l.ctx);
+    l.ctx.uc_stack.ss_sp = g.stacks[i];
+    l.ctx.uc_stack.ss_size = STACK;
+    l.ctx.uc_link = nullptr;
+    makecontext(&l.ctx, (void (*)())trampoline, 1, i);
+  }
+  while (g.live > 0) {
+    bool ran = false;
+    for (int i = 0; i < n; i++) {
+      if (g.lanes[i].state != RUN) continue;
+      ran = true;
+      g.cur = i;
+      swapcontext(&g.sched, &g.lanes[i].ctx);
+    }
+    if (!ran) {
+      fail(g.tg_waiting > 0 ? "deadlock: threads wait at threadgroup_barrier while others of the threadgroup wait at a SIMD-group function"
+                            : "deadlock: lanes wait at a SIMD-group function that others never reach");
+    }
+  }
+}
+}  // namespace ks
+
+namespace metal {
+inline void threadgroup_barrier(mem_flags) { ks::tg_barrier(); }
+inline void simdgroup_barrier(mem_flags, int ks_site = __builtin_LINE()) {
+  unsigned m;
+  int l;
+  const char z = 0;
+  ks::collect(&z, 1, ks_site * 4096 + __LINE__, m, l);
+}
+inline void atomic_thread_fence(mem_flags, memory_order, thread_scope = thread_scope_device) {}
+
+// SIMD-group functions (metal_simdgroup): rendezvous of the lanes that have not returned; a value
+// read from a lane that did not take part is NaN bytes.
+#define KS_SHUF(NAME, SRC)                                                                    \
+  template <class T> inline T NAME(T x, ushort d, int ks_site = __builtin_LINE()) {              \
+    static_assert(sizeof(T) <= 64, "SIMD-group value too large");                             \
+    unsigned m;                                                                               \
+    int lane;                                                                                 \
+    auto s = ks::collect(&x, sizeof(T), ks_site * 4096 + __LINE__, m, lane);                                   \
+    const int src = (SRC);                                                                    \
+    return src == lane ? x : ks::lane_value<T>(s, m, src);                                    \
+  }
+KS_SHUF(simd_shuffle, int(d))
+KS_SHUF(simd_shuffle_xor, lane ^ int(d & 31))
+KS_SHUF(simd_shuffle_down, lane + int(d) < 32 ? lane + int(d) : lane)
+KS_SHUF(simd_shuffle_up, lane - int(d) >= 0 ? lane - int(d) : lane)
+KS_SHUF(simd_shuffle_rotate_down, (lane + int(d)) & 31)
+KS_SHUF(simd_shuffle_rotate_up, (lane - int(d)) & 31)
+KS_SHUF(simd_broadcast, int(d))
+KS_SHUF(quad_shuffle, (lane & ~3) | (int(d) & 3))
+KS_SHUF(quad_shuffle_xor, (lane & ~3) | ((lane ^ int(d)) & 3))
+KS_SHUF(quad_shuffle_down, (lane & 3) + int(d) < 4 ? lane + int(d) : lane)
+KS_SHUF(quad_shuffle_up, (lane & 3) - int(d) >= 0 ? lane - int(d) : lane)
+KS_SHUF(quad_broadcast, (lane & ~3) | (int(d) & 3))
+#undef KS_SHUF
+template <class T> inline T simd_shuffle_and_fill_down(T x, T fill, ushort d, int ks_site = __builtin_LINE()) {
+  struct P { T x, f; } p{x, fill};
+  unsigned m;
+  int lane;
+  auto s = ks::collect(&p, sizeof(P), ks_site * 4096 + __LINE__, m, lane);
+  const int src = lane + int(d);
+  const P q = ks::lane_value<P>(s, m, src < 32 ? src : src - 32);
+  return src < 32 ? q.x : q.f;
+}
+template <class T> inline T simd_shuffle_and_fill_up(T x, T fill, ushort d, int ks_site = __builtin_LINE()) {
+  struct P { T x, f; } p{x, fill};
+  unsigned m;
+  int lane;
+  auto s = ks::collect(&p, sizeof(P), ks_site * 4096 + __LINE__, m, lane);
+  const int src = lane - int(d);
+  const P q = ks::lane_value<P>(s, m, src >= 0 ? src : src + 32);
+  return src >= 0 ? q.x : q.f;
+}
+// Reductions and scans over the lanes that take part (quad_*: over the caller's quad; SCAN 1:
+// lanes up to the caller, 2: lanes below it).
+template <class T, class F> inline T ks_fold(T x, F f, bool quad, int scan, T ident, int site) {
+  static_assert(sizeof(T) <= 64, "SIMD-group value too large");
+  unsigned m;
+  int lane;
+  auto s = ks::collect(&x, sizeof(T), site, m, lane);
+  const int lo = quad ? (lane & ~3) : 0, hi = quad ? lo + 4 : 32;
+  T acc = ident;
+  bool any = false;
+  for (int l = lo; l < hi; l++) {
+    if ((scan == 1 && l > lane) || (scan == 2 && l >= lane)) break;
+    if (!((m >> l) & 1u)) continue;
+    T v;
+    __builtin_memcpy(&v, s[l], sizeof(T));
+    acc = any ? f(acc, v) : v;
+    any = true;
+  }
+  return acc;
+}
+#define KS_RED(NAME, OP, IDENT, QUAD, SCAN)                                                   \
+  template <class T> inline T NAME(T x, int ks_site = __builtin_LINE()) {                     \
+    return ks_fold(x, [](T a, T b) { return T(OP); }, QUAD, SCAN, T(IDENT), ks_site * 4096 + __LINE__);       \
+  }
+KS_RED(simd_sum, a + b, 0, false, 0)
+KS_RED(simd_product, a * b, 1, false, 0)
+KS_RED(simd_max, metal::max(a, b), 0, false, 0)
+KS_RED(simd_min, metal::min(a, b), 0, false, 0)
+KS_RED(simd_and, a & b, 0, false, 0)
+KS_RED(simd_or, a | b, 0, false, 0)
+KS_RED(simd_xor, a ^ b, 0, false, 0)
+KS_RED(simd_prefix_inclusive_sum, a + b, 0, false, 1)
+KS_RED(simd_prefix_exclusive_sum, a + b, 0, false, 2)
+KS_RED(simd_prefix_inclusive_product, a * b, 1, false, 1)
+KS_RED(simd_prefix_exclusive_product, a * b, 1, false, 2)
+KS_RED(quad_sum, a + b, 0, true, 0)
+KS_RED(quad_max, metal::max(a, b), 0, true, 0)
+KS_RED(quad_min, metal::min(a, b), 0, true, 0)
+KS_RED(quad_prefix_inclusive_sum, a + b, 0, true, 1)
+KS_RED(quad_prefix_exclusive_sum, a + b, 0, true, 2)
+#undef KS_RED
+template <class T> inline T simd_broadcast_first(T x, int ks_site = __builtin_LINE()) {
+  unsigned m;
+  int lane;
+  auto s = ks::collect(&x, sizeof(T), ks_site * 4096 + __LINE__, m, lane);
+  return ks::lane_value<T>(s, m, __builtin_ctz(m));
+}
+struct simd_vote {
+  typedef uint64_t vote_t;
+  vote_t bits = 0;
+  explicit operator vote_t() const { return bits; }
+  bool all() const { return bits == 0xffffffffull; }
+  bool any() const { return bits != 0; }
+};
+inline simd_vote simd_ballot(bool b, int ks_site = __builtin_LINE()) {
+  unsigned m;
+  int lane;
+  const char c = b;
+  auto s = ks::collect(&c, 1, ks_site * 4096 + __LINE__, m, lane);
+  simd_vote v;
+  for (int l = 0; l < 32; l++)
+    if (((m >> l) & 1u) && s[l][0]) v.bits |= 1ull << l;
+  return v;
+}
+inline bool simd_any(bool b, int ks_site = __builtin_LINE()) { return simd_ballot(b, ks_site).bits != 0; }
+inline bool simd_all(bool b, int ks_site = __builtin_LINE()) {
+  unsigned m;
+  int lane;
+  const char c = b;
+  auto s = ks::collect(&c, 1, ks_site * 4096 + __LINE__, m, lane);
+  for (int l = 0; l < 32; l++)
+    if (((m >> l) & 1u) && !s[l][0]) return false;
+  return true;
+}
+inline bool simd_is_first(int ks_site = __builtin_LINE()) {
+  unsigned m;
+  int lane;
+  const char c = 0;
+  ks::collect(&c, 1, ks_site * 4096 + __LINE__, m, lane);
+  return lane == __builtin_ctz(m);
+}
+#else
 inline void threadgroup_barrier(mem_flags) {}
 inline void simdgroup_barrier(mem_flags) {}
 inline void atomic_thread_fence(mem_flags, memory_order, thread_scope = thread_scope_device) {}
@@ -325,6 +694,8 @@ inline bool simd_any(bool b) { return b; }
 inline bool simd_all(bool b) { return b; }
 inline bool simd_is_first() { return true; }
 
+#endif  // KS_METAL_EXEC
+
 // Atomics (metal_atomic).
 template <class T> struct atomic {
   T value;
@@ -333,68 +704,133 @@ typedef atomic<int> atomic_int;
 typedef atomic<uint> atomic_uint;
 typedef atomic<float> atomic_float;
 typedef atomic<bool> atomic_bool;
-#define KS_ATOMIC_RMW(NAME)                                                                   \
-  template <class T> inline T NAME(volatile atomic<T>* obj, typename ks_ident<T>::type, memory_order) { return obj->value; } \
-  template <class T> inline T NAME(atomic<T>* obj, typename ks_ident<T>::type, memory_order) { return obj->value; }
-KS_ATOMIC_RMW(atomic_fetch_add_explicit)
-KS_ATOMIC_RMW(atomic_fetch_sub_explicit)
-KS_ATOMIC_RMW(atomic_fetch_and_explicit)
-KS_ATOMIC_RMW(atomic_fetch_or_explicit)
-KS_ATOMIC_RMW(atomic_fetch_xor_explicit)
-KS_ATOMIC_RMW(atomic_fetch_min_explicit)
-KS_ATOMIC_RMW(atomic_fetch_max_explicit)
-KS_ATOMIC_RMW(atomic_exchange_explicit)
+// Read-modify-write: the executor runs every thread on one OS thread, switching only at
+// barriers and SIMD-group functions, so plain operations are atomic there.
+#define KS_ATOMIC_RMW(NAME, EXPR)                                                             \
+  template <class T> inline T NAME(volatile atomic<T>* obj, typename ks_ident<T>::type v, memory_order) { \
+    const T old = obj->value;                                                                 \
+    obj->value = T(EXPR);                                                                     \
+    return old;                                                                               \
+  }                                                                                           \
+  template <class T> inline T NAME(atomic<T>* obj, typename ks_ident<T>::type v, memory_order) { \
+    return NAME((volatile atomic<T>*)obj, v, memory_order_relaxed);                           \
+  }
+KS_ATOMIC_RMW(atomic_fetch_add_explicit, old + v)
+KS_ATOMIC_RMW(atomic_fetch_sub_explicit, old - v)
+KS_ATOMIC_RMW(atomic_fetch_and_explicit, old & v)
+KS_ATOMIC_RMW(atomic_fetch_or_explicit, old | v)
+KS_ATOMIC_RMW(atomic_fetch_xor_explicit, old ^ v)
+KS_ATOMIC_RMW(atomic_fetch_min_explicit, v < old ? v : old)
+KS_ATOMIC_RMW(atomic_fetch_max_explicit, v > old ? v : old)
+KS_ATOMIC_RMW(atomic_exchange_explicit, v)
 #undef KS_ATOMIC_RMW
 template <class T> inline T atomic_load_explicit(const atomic<T>* obj, memory_order) { return obj->value; }
 template <class T> inline T atomic_load_explicit(const volatile atomic<T>* obj, memory_order) { return obj->value; }
 template <class T> inline void atomic_store_explicit(atomic<T>* obj, typename ks_ident<T>::type v, memory_order) { obj->value = v; }
 template <class T> inline void atomic_store_explicit(volatile atomic<T>* obj, typename ks_ident<T>::type v, memory_order) { obj->value = v; }
 template <class T>
-inline bool atomic_compare_exchange_weak_explicit(atomic<T>* obj, T* expected, typename ks_ident<T>::type desired,
-                                                  memory_order, memory_order) {
-  (void)obj; (void)expected; (void)desired;
-  return true;
-}
-template <class T>
 inline bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* obj, T* expected, typename ks_ident<T>::type desired,
                                                   memory_order, memory_order) {
-  (void)obj; (void)expected; (void)desired;
-  return true;
+  if (obj->value == *expected) {
+    obj->value = desired;
+    return true;
+  }
+  *expected = obj->value;
+  return false;
+}
+template <class T>
+inline bool atomic_compare_exchange_weak_explicit(atomic<T>* obj, T* expected, typename ks_ident<T>::type desired,
+                                                  memory_order a, memory_order b) {
+  return atomic_compare_exchange_weak_explicit((volatile atomic<T>*)obj, expected, desired, a, b);
 }
 
-// SIMD-group matrices (metal_simdgroup_matrix).
+// SIMD-group matrices (metal_simdgroup_matrix). In execution mode every lane holds the whole
+// matrix (e[row][col]): each lane loads it whole and computes the products; a store writes the
+// lane's share only.
 template <class T, int Cols, int Rows> struct simdgroup_matrix {
+#ifdef KS_METAL_EXEC
+  T e[Rows][Cols];
+  simdgroup_matrix() = default;
+  explicit simdgroup_matrix(T v) {
+    for (int r = 0; r < Rows; r++)
+      for (int c = 0; c < Cols; c++) e[r][c] = r == c ? v : T(0);
+  }
+#else
   T e[2];
   simdgroup_matrix() = default;
   explicit simdgroup_matrix(T) {}
+#endif
 };
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
 typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
 typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
 template <class T, int C, int R> inline simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T v) {
-  return simdgroup_matrix<T, C, R>(v);
+  simdgroup_matrix<T, C, R> m;
+#ifdef KS_METAL_EXEC
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) m.e[r][c] = v;
+#else
+  (void)v;
+#endif
+  return m;
 }
+// matrix_origin is (column, row) of the stored matrix; with transpose_matrix, element (r, c) is
+// the stored element (c, r).
 template <class T, int C, int R, class U>
 inline void simdgroup_load(simdgroup_matrix<T, C, R>& d, const U* src, ulong elements_per_row = C,
                            ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
   static_assert(std::is_same<typename std::remove_cv<U>::type, T>::value, "simdgroup_load: element type mismatch");
+#ifdef KS_METAL_EXEC
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < C; c++) {
+      const ulong sr = transpose_matrix ? c : r, sc = transpose_matrix ? r : c;
+      d.e[r][c] = src[(matrix_origin.y + sr) * elements_per_row + matrix_origin.x + sc];
+    }
+#else
   (void)d; (void)src; (void)elements_per_row; (void)matrix_origin; (void)transpose_matrix;
+#endif
 }
 template <class T, int C, int R, class U>
 inline void simdgroup_store(const simdgroup_matrix<T, C, R>& a, U* dst, ulong elements_per_row = C,
                             ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
   static_assert(std::is_same<U, T>::value, "simdgroup_store: element type mismatch");
+#ifdef KS_METAL_EXEC
+  // Each lane stores only its share (here: row-major elements 2 lane and 2 lane + 1), as on the
+  // GPU, so a lane that reads what others stored without a barrier in between sees old data.
+  const int lane = ks::G().cur % ks::SIMD, per = (R * C + ks::SIMD - 1) / ks::SIMD;
+  for (int e = lane * per; e < (lane + 1) * per && e < R * C; e++) {
+    const int r = e / C, c = e % C;
+    const ulong sr = transpose_matrix ? c : r, sc = transpose_matrix ? r : c;
+    dst[(matrix_origin.y + sr) * elements_per_row + matrix_origin.x + sc] = a.e[r][c];
+  }
+#else
   (void)a; (void)dst; (void)elements_per_row; (void)matrix_origin; (void)transpose_matrix;
+#endif
 }
 template <class T, class A, class B, int C, int R, int K>
 inline void simdgroup_multiply_accumulate(simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<A, K, R>& a,
                                           const simdgroup_matrix<B, C, K>& b, const simdgroup_matrix<T, C, R>& c) {
+#ifdef KS_METAL_EXEC
+  simdgroup_matrix<T, C, R> t;
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < C; j++) {
+      float s = float(c.e[r][j]);
+      for (int k = 0; k < K; k++) s += float(a.e[r][k]) * float(b.e[k][j]);
+      t.e[r][j] = T(s);
+    }
+  d = t;
+#else
   (void)d; (void)a; (void)b; (void)c;
+#endif
 }
 template <class T, class A, class B, int C, int R, int K>
 inline void simdgroup_multiply(simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<A, K, R>& a,
                                const simdgroup_matrix<B, C, K>& b) {
+#ifdef KS_METAL_EXEC
+  simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<T, C, R>(T(0)));
+#else
   (void)d; (void)a; (void)b;
+#endif
 }
 
 }  // namespace metal

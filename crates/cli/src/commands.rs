@@ -85,7 +85,10 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
             let fc = file_config(g)?;
             crate::report::run(&store_path(g, &fc), kb_dir(g, &fc).as_deref(), run, &output, watch)
         }
-        Cmd::Kb(k) => crate::kb_cmd::run(k),
+        Cmd::Kb(k) => {
+            let tasks = file_config(g).ok().and_then(|fc| tasks_dir(g, &fc).ok());
+            crate::kb_cmd::run(k, tasks)
+        }
         Cmd::NvrtcCheck { task, arch, max_configs } => nvrtc_check(g, task.as_deref(), &arch, max_configs),
     }
 }

@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ksearch_kb::{BodySig, CheckOptions, Dialect, Kb, SourceLang, check, metal_syntax_check, rejected};
+use ksearch_kb::{
+    BodySig, CheckOptions, Dialect, Kb, SourceLang, check, emulate_kernel, emulate_workloads, metal_syntax_check, rejected,
+};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum KbCmd {
@@ -54,6 +56,30 @@ pub enum KbCmd {
         /// MLX body output NAME:DTYPE (repeatable).
         #[arg(long)]
         output: Vec<String>,
+    },
+    /// Run a task's Metal kernels on this machine's CPU (the shim's executor: threadgroups,
+    /// barriers, SIMD-group functions, 16-bit storage) and check every output element against
+    /// the task's reference. Correctness only: no timing. Runs your own sources unsandboxed.
+    Emulate {
+        /// The task (a name under the tasks folder).
+        task: String,
+        /// A kernel of the task's mlx-metal back-end, or `seed`; default: the seed and every kernel.
+        #[arg(long)]
+        kernel: Option<String>,
+        /// A Metal body file to run in place of the kernel's source (its launches, tunables and
+        /// scratch are the kernel's: --kernel, default the seed).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// NAME=VALUE: a tunable's value (repeatable); the others keep their defaults.
+        #[arg(short = 'D', long = "define")]
+        defines: Vec<String>,
+        /// A workload, e.g. "B=1,H=4,Hkv=2,L=77,D=64,causal=1" (repeatable); default: the
+        /// task's `emulate` workloads, else its held-out ones.
+        #[arg(long)]
+        workload: Vec<String>,
+        /// Seconds one run may take.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
     },
 }
 
@@ -112,7 +138,18 @@ fn body_sig(file: &Path, src: &str, input: &[String], output: &[String]) -> Resu
     Ok(BodySig::default())
 }
 
-pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
+pub fn run(cmd: KbCmd, tasks: Option<PathBuf>) -> anyhow::Result<i32> {
+    if let KbCmd::Emulate {
+        task,
+        kernel,
+        file,
+        defines,
+        workload,
+        timeout,
+    } = cmd
+    {
+        return emulate(tasks, &task, kernel.as_deref(), file.as_deref(), &defines, &workload, timeout);
+    }
     let kb = match load() {
         Ok(kb) => kb,
         Err(e) => return usage(e),
@@ -214,6 +251,7 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        KbCmd::Emulate { .. } => unreachable!("handled above"),
         KbCmd::Check {
             file,
             target,
@@ -313,6 +351,149 @@ pub fn run(cmd: KbCmd) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+/// NAME=INTEGER pairs (`-D`), or a workload's comma-separated ones.
+fn int_pairs<'a>(items: impl Iterator<Item = &'a str>, what: &str) -> Result<BTreeMap<String, i64>, String> {
+    let mut out = BTreeMap::new();
+    for d in items.filter(|d| !d.trim().is_empty()) {
+        let (n, v) = d
+            .split_once('=')
+            .and_then(|(n, v)| v.trim().parse::<i64>().ok().map(|v| (n.trim().to_string(), v)))
+            .ok_or_else(|| format!("{what} `{d}`: expected NAME=INTEGER"))?;
+        out.insert(n, v);
+    }
+    Ok(out)
+}
+
+/// `ksearch kb emulate`: one line per kernel and workload; exit 1 when an output is wrong or a
+/// run fails, 2 for a usage error.
+fn emulate(
+    tasks: Option<PathBuf>,
+    name: &str,
+    kernel: Option<&str>,
+    file: Option<&Path>,
+    defines: &[String],
+    workloads: &[String],
+    timeout: u64,
+) -> anyhow::Result<i32> {
+    let Some(dir) = tasks else {
+        return usage("no tasks folder found (give --tasks-dir or run from the repository)".into());
+    };
+    let task = match ksearch_core::task::find(&dir, name) {
+        Ok(t) => t,
+        Err(e) => return usage(e.to_string()),
+    };
+    let Some(b) = task.backend(ksearch_core::Backend::MlxMetal) else {
+        return usage(format!("task `{name}` has no mlx-metal back-end"));
+    };
+    let all: Vec<&ksearch_core::KernelSpec> = std::iter::once(&b.seed).chain(&b.kernels).collect();
+    let names = || {
+        std::iter::once("seed")
+            .chain(b.kernels.iter().map(|k| k.name.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut chosen: Vec<ksearch_core::KernelSpec> = match kernel {
+        Some("seed") => vec![b.seed.clone()],
+        Some(k) => match b.kernels.iter().find(|x| x.name == k) {
+            Some(x) => vec![x.clone()],
+            None => return usage(format!("task `{name}` has no mlx-metal kernel `{k}` (known: {})", names())),
+        },
+        None if file.is_some() => vec![b.seed.clone()],
+        None => all.into_iter().cloned().collect(),
+    };
+    if let Some(f) = file {
+        match std::fs::read_to_string(f) {
+            Ok(src) => chosen[0].source = src,
+            Err(e) => return usage(format!("{}: {e}", f.display())),
+        }
+    }
+    let set = match int_pairs(defines.iter().map(String::as_str), "-D") {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    let mut list = Vec::new();
+    for w in workloads {
+        match int_pairs(w.split(','), "--workload") {
+            Ok(m) => {
+                if let Some(a) = task.axes.iter().find(|a| !m.contains_key(*a)) {
+                    return usage(format!("--workload `{w}` gives no value for axis `{a}`"));
+                }
+                if let Some(k) = m.keys().find(|k| !task.axes.contains(k)) {
+                    return usage(format!(
+                        "--workload `{w}` names unknown axis `{k}` (axes: {})",
+                        task.axes.join(", ")
+                    ));
+                }
+                list.push(m);
+            }
+            Err(e) => return usage(e),
+        }
+    }
+    if list.is_empty() {
+        list = emulate_workloads(&task);
+    }
+    if list.is_empty() {
+        return usage(format!("task `{name}` has no workloads to emulate; give --workload"));
+    }
+    let show = |m: &BTreeMap<String, i64>| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let (mut ran, mut failed, mut skipped) = (0, 0, 0);
+    for k in &chosen {
+        let mut config = k.default_config();
+        for (n, v) in &set {
+            if !k.tunables.iter().any(|t| &t.name == n) {
+                if kernel.is_some() || file.is_some() {
+                    return usage(format!(
+                        "kernel `{}` has no tunable `{n}`",
+                        if k.name.is_empty() { "seed" } else { &k.name }
+                    ));
+                }
+                continue;
+            }
+            config.insert(n.clone(), *v);
+        }
+        let kname = if k.name.is_empty() { "seed" } else { k.name.as_str() };
+        for (i, w) in list.iter().enumerate() {
+            let r = emulate_kernel(
+                &task,
+                k,
+                &config,
+                w,
+                0x5eed + i as u64,
+                std::time::Duration::from_secs(timeout),
+            );
+            match r {
+                Ok(None) => {
+                    skipped += 1;
+                    println!("skip {kname} [{}] on {}: not admitted (constraints)", show(&config), show(w));
+                }
+                Ok(Some(o)) => {
+                    ran += 1;
+                    let ok = o.passed();
+                    failed += usize::from(!ok);
+                    println!(
+                        "{} {kname} [{}] on {}: {}",
+                        if ok { "ok  " } else { "FAIL" },
+                        show(&o.config),
+                        show(w),
+                        o.summary()
+                    );
+                }
+                Err(e) => {
+                    ran += 1;
+                    failed += 1;
+                    let first = e.lines().next().unwrap_or_default().to_string();
+                    println!("FAIL {kname} [{}] on {}: {first}", show(&config), show(w));
+                    for l in e.lines().skip(1).take(20) {
+                        println!("     {l}");
+                    }
+                }
+            }
+        }
+    }
+    println!("emulated {ran} run(s) of task `{name}` on the CPU: {failed} failed, {skipped} not admitted");
+    Ok(if failed > 0 { 1 } else { 0 })
 }
 
 /// Does a Metal source declare a kernel function (a whole file) rather than being an MLX body?

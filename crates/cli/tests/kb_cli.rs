@@ -188,3 +188,80 @@ fn an_unknown_dialect_or_language_flag_is_a_one_line_usage_error() {
         "{stderr}"
     );
 }
+
+fn tasks_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks")
+}
+
+#[test]
+fn emulate_runs_a_task_metal_kernel_on_the_cpu_and_checks_it() {
+    // The repository's kernel: every element within tolerance, exit 0.
+    let (code, stdout, stderr) = out(ksearch().arg("--tasks-dir").arg(tasks_dir()).args([
+        "kb",
+        "emulate",
+        "softmax",
+        "--kernel",
+        "block_row",
+        "-D",
+        "THREADS=128",
+        "--workload",
+        "rows=3,cols=520",
+    ]));
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("ok   block_row [ONLINE=1,THREADS=128,VEC=4] on cols=520,rows=3: `y` 1560 elements ok"),
+        "{stdout}"
+    );
+    // A body of one's own in the kernel's place: it forgets the last column (wrong values
+    // stay poisoned), exit 1 with the count; one that writes past its output is a fault.
+    let dir = tempfile::tempdir().unwrap();
+    let lazy = dir.path().join("lazy.metal");
+    std::fs::write(
+        &lazy,
+        "const uint r = threadgroup_position_in_grid.x, t = thread_position_in_threadgroup.x;\n\
+         if (t == 0) {\n  float m = -INFINITY, s = 0.0f;\n\
+         for (int c = 0; c < cols; c++) m = max(m, x[r * cols + c]);\n\
+         for (int c = 0; c < cols; c++) s += exp(x[r * cols + c] - m);\n\
+         for (int c = 0; c + 1 < cols; c++) y[r * cols + c] = exp(x[r * cols + c] - m) / s;\n}\n",
+    )
+    .unwrap();
+    let (code, stdout, _) = out(ksearch()
+        .arg("--tasks-dir")
+        .arg(tasks_dir())
+        .args(["kb", "emulate", "softmax", "--workload", "rows=4,cols=100", "--file"])
+        .arg(&lazy));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("FAIL seed [] on cols=100,rows=4: `y` 0 mismatched, 4 unwritten"),
+        "{stdout}"
+    );
+    let oob = dir.path().join("oob.metal");
+    std::fs::write(&oob, "y[thread_position_in_grid.x * 64] = 0.0f;\n").unwrap();
+    let (code, stdout, _) = out(ksearch()
+        .arg("--tasks-dir")
+        .arg(tasks_dir())
+        .args(["kb", "emulate", "softmax", "--workload", "rows=4,cols=100", "--file"])
+        .arg(&oob));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("metal-emu: memory fault"), "{stdout}");
+    // Usage errors: one line, exit 2.
+    for (args, want) in [
+        (
+            vec!["kb", "emulate", "softmax", "--kernel", "nope"],
+            "no mlx-metal kernel `nope` (known: seed, block_row)",
+        ),
+        (
+            vec!["kb", "emulate", "softmax", "--workload", "rows=3"],
+            "gives no value for axis `cols`",
+        ),
+        (
+            vec!["kb", "emulate", "softmax", "--kernel", "block_row", "-D", "WARPS=2"],
+            "has no tunable `WARPS`",
+        ),
+        (vec!["kb", "emulate", "nosuchtask"], "nosuchtask"),
+    ] {
+        let (code, _, stderr) = out(ksearch().arg("--tasks-dir").arg(tasks_dir()).args(&args));
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(want) && stderr.lines().count() == 1, "{args:?}: {stderr}");
+    }
+}

@@ -250,6 +250,10 @@ pub struct BackendSpec {
     pub search: Vec<Workload>,
     #[serde(default)]
     pub heldout: Vec<Workload>,
+    /// Small workloads on which the Linux-side executor runs this back-end's Metal kernels
+    /// (`mlx-metal`; `ksearch kb run`, the kb crate's tests); the held-out ones where absent.
+    #[serde(default)]
+    pub emulate: Vec<Workload>,
     #[serde(default)]
     pub dtypes: BTreeMap<String, DType>,
     pub seed: KernelSpec,
@@ -596,7 +600,7 @@ impl Task {
             if b.search.is_empty() {
                 return Err(inv(&sect, format!("backends.{bname}: no search workloads")));
             }
-            for (kind, list) in [("search", &b.search), ("heldout", &b.heldout)] {
+            for (kind, list) in [("search", &b.search), ("heldout", &b.heldout), ("emulate", &b.emulate)] {
                 for (i, w) in list.iter().enumerate() {
                     for a in &axes {
                         if !w.contains_key(a) {
@@ -757,7 +761,7 @@ impl Task {
             }
         }
         for (bname, b) in &self.backends {
-            for (kind, list) in [("search", &b.search), ("heldout", &b.heldout)] {
+            for (kind, list) in [("search", &b.search), ("heldout", &b.heldout), ("emulate", &b.emulate)] {
                 for (i, w) in list.iter().enumerate() {
                     for (what, e, needle) in &cost {
                         if let Err(err) = crate::expr::eval_f64(e, w) {

@@ -5,12 +5,14 @@
 //! - machine-checkable rules (`kb/rules.toml`) and the static checks run on every candidate;
 //! - optimisation patterns (`kb/patterns/*.md`: TOML front matter + Markdown);
 //! - prompt context in three levels (`kb/templates/*.j2`) and the roofline floor;
-//! - a Linux-side syntax check of Metal sources through a C++ compiler and `kb/metal-shim/`.
+//! - a Linux-side syntax check of Metal sources through a C++ compiler and `kb/metal-shim/`, and
+//!   an executor that runs a task's Metal kernels on the CPU, checked against the task's reference.
 
 use std::path::{Path, PathBuf};
 
 mod check;
 mod context;
+mod emulate;
 mod metal;
 mod patterns;
 mod primitives;
@@ -20,9 +22,10 @@ mod rules;
 
 pub use check::{CheckOptions, Severity, SourceLang, Violation, check, check_launch, check_source, rejected, threadgroup_bytes};
 pub use context::{ContextLevel, render_context};
+pub use emulate::{EmuOutcome, emulate_kernel, emulate_workloads};
 pub use ksearch_core::Backend;
 pub use ksearch_core::backend::{Dialect, Vendor};
-pub use metal::{BodySig, find_cxx, metal_syntax_check, wrap_body};
+pub use metal::{BodySig, EmuBuffer, EmuLaunch, find_cxx, metal_run, metal_syntax_check, wrap_body};
 pub use patterns::Pattern;
 pub use primitives::{Primitive, map_dialect};
 pub use profile::Profile;

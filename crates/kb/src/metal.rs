@@ -127,19 +127,10 @@ pub fn find_cxx() -> Option<String> {
     ["clang++", "g++", "c++"].into_iter().find(|c| works(c)).map(str::to_string)
 }
 
-/// Syntax- and type-check a Metal source (or, with `body`, an MLX body) on Linux.
-/// `Err` carries the compiler's diagnostics, or says that no compiler was found.
-pub fn metal_syntax_check(src: &str, body: Option<&BodySig>) -> Result<(), String> {
-    let cxx = find_cxx().ok_or_else(|| "no C++ compiler found (install clang++ or g++, or set KSEARCH_CXX)".to_string())?;
-    let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
-    let shim_dir = dir.path().join("shim");
-    let w = |p: &Path, text: &str| std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()));
-    std::fs::create_dir_all(&shim_dir).map_err(|e| format!("{}: {e}", shim_dir.display()))?;
-    w(&shim_dir.join("metal_stdlib.h"), SHIM)?;
-    for f in FORWARDS {
-        w(&shim_dir.join(f), "#include \"metal_stdlib.h\"\n")?;
-    }
-    let (text, name) = match body {
+/// The C++ text of a Metal source for the shim: the kernels MLX would build around each body
+/// (one per `// @kernel` section, the header once) or the file as it is; and its file name.
+fn shim_text(src: &str, body: Option<&BodySig>) -> (String, &'static str) {
+    match body {
         Some(sig) if ksearch_core::mlx::has_sections(src) => {
             // One kernel per section, each with its launch's signature; the header once, in
             // front of the first. Bodies keep the file's line numbers.
@@ -173,12 +164,45 @@ pub fn metal_syntax_check(src: &str, body: Option<&BodySig>) -> Result<(), Strin
         }
         Some(sig) => (wrap_body(&rewrite(src), sig), "body.metal"),
         None => (rewrite(src), "source.metal"),
-    };
+    }
+}
+
+/// A temporary directory holding the shim (`shim/`).
+fn shim_dir() -> Result<tempfile::TempDir, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let shim_dir = dir.path().join("shim");
+    std::fs::create_dir_all(&shim_dir).map_err(|e| format!("{}: {e}", shim_dir.display()))?;
+    write(&shim_dir.join("metal_stdlib.h"), SHIM)?;
+    for f in FORWARDS {
+        write(&shim_dir.join(f), "#include \"metal_stdlib.h\"\n")?;
+    }
+    Ok(dir)
+}
+
+fn write(p: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// The compiler's diagnostics without the temporary directory's path.
+fn diagnostics(out: &std::process::Output, dir: &Path) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .replace(&format!("{}/", dir.display()), "")
+        .replace(&dir.display().to_string(), "")
+        .trim_end()
+        .to_string()
+}
+
+/// Syntax- and type-check a Metal source (or, with `body`, an MLX body) on Linux.
+/// `Err` carries the compiler's diagnostics, or says that no compiler was found.
+pub fn metal_syntax_check(src: &str, body: Option<&BodySig>) -> Result<(), String> {
+    let cxx = find_cxx().ok_or_else(|| "no C++ compiler found (install clang++ or g++, or set KSEARCH_CXX)".to_string())?;
+    let dir = shim_dir()?;
+    let (text, name) = shim_text(src, body);
     let file = dir.path().join(name);
-    w(&file, &text)?;
+    write(&file, &text)?;
     let out = Command::new(&cxx)
         .args(["-fsyntax-only", "-std=c++17", "-x", "c++", "-w", "-I"])
-        .arg(&shim_dir)
+        .arg(dir.path().join("shim"))
         .arg(&file)
         .current_dir(dir.path())
         .output()
@@ -186,10 +210,251 @@ pub fn metal_syntax_check(src: &str, body: Option<&BodySig>) -> Result<(), Strin
     if out.status.success() {
         return Ok(());
     }
-    let log = String::from_utf8_lossy(&out.stderr)
-        .replace(&format!("{}/", dir.path().display()), "")
-        .replace(&dir.path().display().to_string(), "");
-    Err(format!("{cxx} (Metal shim) rejected the source:\n{}", log.trim_end()))
+    Err(format!(
+        "{cxx} (Metal shim) rejected the source:\n{}",
+        diagnostics(&out, dir.path())
+    ))
+}
+
+/// One launch of an emulated run: the kernel (`// @kernel` entry, or the body of a file without
+/// sections), MLX's grid (threads) and threadgroup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmuLaunch {
+    pub entry: String,
+    pub grid: [u32; 3],
+    pub threadgroup: [u32; 3],
+}
+
+/// A buffer of an emulated run: task tensors and scratch, by the names the bodies use; `shape`
+/// is what the body sees as `<name>_shape`. Outputs and scratch come back in `bytes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmuBuffer {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+/// Threadgroup storage declared in a body (`threadgroup float buf[N];`) becomes one object per
+/// threadgroup in the executor's arena; pointers (`threadgroup float* p`) only lose the word.
+/// Lines are kept.
+fn threadgroup_storage(src: &str) -> String {
+    let decl = crate::cached_regex(
+        r"(?m)^([ \t]*)threadgroup[ \t]+([A-Za-z_][\w:<>, ]*?)[ \t]+([A-Za-z_]\w*)[ \t]*((?:\[[^\]\n]+\][ \t]*)*);",
+    );
+    let mut n = 0;
+    decl.replace_all(src, |c: &regex::Captures| {
+        n += 1;
+        let dims: String = c[4].split_whitespace().collect();
+        format!("{}auto& {} = *ks::tg_alloc<{}{}>({n});", &c[1], &c[3], c[2].trim(), dims)
+    })
+    .into_owned()
+}
+
+/// Run a Metal source (an MLX body file, `sig` giving its buffers and template constants) on the
+/// CPU with the shim's executor: every launch in order over `buffers`, each threadgroup's
+/// threads as fibers (see `kb/metal-shim/metal_stdlib.h`). Outputs and scratch are read back
+/// into `buffers`. `Err`: the compiler's diagnostics, the executor's one-line reason (a
+/// deadlock, SIMD-group functions reached by divergent lanes, threadgroup memory over 32 KB, a
+/// memory fault past a buffer's end) or the time limit.
+pub fn metal_run(
+    src: &str,
+    sig: &BodySig,
+    launches: &[EmuLaunch],
+    buffers: &mut [EmuBuffer],
+    limit: std::time::Duration,
+) -> Result<(), String> {
+    let cxx = find_cxx().ok_or_else(|| "no C++ compiler found (install clang++ or g++, or set KSEARCH_CXX)".to_string())?;
+    let dir = shim_dir()?;
+    let sectioned = ksearch_core::mlx::has_sections(src);
+    let mut sig = sig.clone();
+    sig.header = threadgroup_storage(&sig.header);
+    let (text, _) = shim_text(&threadgroup_storage(src), Some(&sig));
+    let mut prog = format!("#define KS_METAL_EXEC 1\n{text}\n#line 1 \"driver.cpp\"\n");
+    prog.push_str(&driver(&sig, sectioned, launches, buffers)?);
+    let file = dir.path().join("run.cpp");
+    write(&file, &prog)?;
+    let exe = dir.path().join("run");
+    let out = Command::new(&cxx)
+        .args(["-std=c++17", "-O1", "-w", "-x", "c++", "-I"])
+        .arg(dir.path().join("shim"))
+        .arg(&file)
+        .arg("-o")
+        .arg(&exe)
+        .current_dir(dir.path())
+        .output()
+        .map_err(|e| format!("{cxx}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cxx} (Metal shim, execution) rejected the source:\n{}",
+            diagnostics(&out, dir.path())
+        ));
+    }
+    for (i, b) in buffers.iter().enumerate() {
+        std::fs::write(dir.path().join(format!("b{i}.bin")), &b.bytes).map_err(|e| format!("buffer `{}`: {e}", b.name))?;
+    }
+    // Address space capped (16 GiB: every thread's stack is reserved up front), time capped below.
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -v 16777216 2>/dev/null; exec \"$0\" \"$1\""])
+        .arg(&exe)
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("run the emulated kernel: {e}"))?;
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| format!("wait for the emulated kernel: {e}"))? {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("metal-emu: the kernel ran past {:.0} s", limit.as_secs_f64()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    if !status.success() {
+        let why = err.lines().find(|l| l.starts_with("metal-emu:")).map(str::to_string);
+        return Err(why.unwrap_or_else(|| format!("metal-emu: the kernel's process ended with {status}")));
+    }
+    for (i, b) in buffers.iter_mut().enumerate() {
+        let back = std::fs::read(dir.path().join(format!("b{i}.bin"))).map_err(|e| format!("buffer `{}`: {e}", b.name))?;
+        if back.len() != b.bytes.len() {
+            return Err(format!(
+                "buffer `{}` came back with {} bytes, not {}",
+                b.name,
+                back.len(),
+                b.bytes.len()
+            ));
+        }
+        b.bytes = back;
+    }
+    Ok(())
+}
+
+/// The executor's `main` for these launches: buffers from files (each ending at a guard page),
+/// every threadgroup of every launch run in turn, buffers written back.
+fn driver(sig: &BodySig, sectioned: bool, launches: &[EmuLaunch], buffers: &[EmuBuffer]) -> Result<String, String> {
+    let index = |n: &str| -> Result<usize, String> {
+        buffers
+            .iter()
+            .position(|b| b.name == n)
+            .ok_or_else(|| format!("no buffer `{n}` for the emulated run"))
+    };
+    let mut d = String::from(
+        "#include <algorithm>\n#include <csignal>\n#include <fcntl.h>\n#include <sys/stat.h>\nnamespace {\n\
+         struct KsLaunch { uint grid[3], tg[3], gpos[3], size[3]; };\nKsLaunch ks_L;\n",
+    );
+    d.push_str(&format!("void* ks_buf[{}];\n", buffers.len().max(1)));
+    for (i, b) in buffers.iter().enumerate() {
+        let dims: Vec<String> = b.shape.iter().map(|x| x.to_string()).collect();
+        let mut strides = vec![1usize; b.shape.len()];
+        for k in (0..b.shape.len().saturating_sub(1)).rev() {
+            strides[k] = strides[k + 1] * b.shape[k + 1];
+        }
+        let st: Vec<String> = strides.iter().map(|x| x.to_string()).collect();
+        d.push_str(&format!(
+            "int ks_shape{i}[] = {{{}0}};\nint64_t ks_strides{i}[] = {{{}0}};\nint ks_ndim{i} = {};\n",
+            dims.iter().map(|x| format!("{x}, ")).collect::<String>(),
+            st.iter().map(|x| format!("{x}, ")).collect::<String>(),
+            b.shape.len()
+        ));
+    }
+    for (j, l) in launches.iter().enumerate() {
+        let (ins, outs) = match sig.launches.iter().find(|x| x.entry == l.entry) {
+            Some(x) => (x.inputs.clone(), x.outputs.clone()),
+            None => (sig.inputs.clone(), sig.outputs.clone()),
+        };
+        let mut args = Vec::new();
+        for (n, t) in &ins {
+            let i = index(n)?;
+            args.push(format!("(const {}*)ks_buf[{i}]", metal_type(t)));
+            args.push(format!("ks_shape{i}"));
+            args.push(format!("ks_strides{i}"));
+            args.push(format!("ks_ndim{i}"));
+        }
+        for (n, t) in &outs {
+            let i = index(n)?;
+            let t = metal_type(t);
+            let t = if sig.atomic_outputs {
+                format!("metal::atomic<{t}>")
+            } else {
+                t
+            };
+            args.push(format!("({t}*)ks_buf[{i}]"));
+        }
+        let name = if sectioned {
+            format!("ksearch_{}", l.entry)
+        } else {
+            "ksearch_body".to_string()
+        };
+        d.push_str(&format!(
+            "void ks_thread{j}(int i) {{\n  const KsLaunch& L = ks_L;\n\
+             const uint3 tpt(uint(i) % L.size[0], uint(i) / L.size[0] % L.size[1], uint(i) / (L.size[0] * L.size[1]));\n\
+             const uint3 tgp(L.gpos[0], L.gpos[1], L.gpos[2]);\n\
+             const uint n = L.size[0] * L.size[1] * L.size[2];\n\
+             {name}({}{}uint3(tgp.x * L.tg[0] + tpt.x, tgp.y * L.tg[1] + tpt.y, tgp.z * L.tg[2] + tpt.z), \
+             uint3(L.grid[0], L.grid[1], L.grid[2]), tpt, uint3(L.size[0], L.size[1], L.size[2]), tgp, \
+             uint3((L.grid[0] + L.tg[0] - 1) / L.tg[0], (L.grid[1] + L.tg[1] - 1) / L.tg[1], (L.grid[2] + L.tg[2] - 1) / L.tg[2]), \
+             uint(i), uint(i) % 32u, uint(i) / 32u, (n + 31u) / 32u, 32u);\n}}\n",
+            args.join(", "),
+            if args.is_empty() { "" } else { ", " },
+        ));
+    }
+    d.push_str(
+        "void ks_fault(int) {\n  const char m[] = \"metal-emu: memory fault (an access past a buffer's end, or a thread's stack overflowed)\\n\";\n\
+         if (write(2, m, sizeof(m) - 1)) {}\n  _exit(4);\n}\n\
+         void* ks_load(const char* dir, int i, size_t& n) {\n\
+           char path[4096];\n  snprintf(path, sizeof path, \"%s/b%d.bin\", dir, i);\n\
+           int fd = open(path, O_RDONLY);\n  if (fd < 0) ks::fail(\"cannot open a buffer file\");\n\
+           struct stat st;\n  fstat(fd, &st);\n  n = (size_t)st.st_size;\n\
+           const size_t page = (size_t)sysconf(_SC_PAGESIZE), span = (n + page - 1) / page * page;\n\
+           char* base = (char*)mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);\n\
+           if (base == (char*)MAP_FAILED) ks::fail(\"no memory for a buffer\");\n\
+           mprotect(base + span, page, PROT_NONE);  // an access past the end faults\n\
+           char* p = base + ((span - n) & ~(size_t)15);\n\
+           for (size_t got = 0; got < n;) {\n    ssize_t r = read(fd, p + got, n - got);\n    if (r <= 0) ks::fail(\"cannot read a buffer file\");\n    got += (size_t)r;\n  }\n\
+           close(fd);\n  return p;\n}\n}  // namespace\n\
+         int main(int argc, char** argv) {\n  if (argc < 2) return 2;\n\
+           static char alt[1 << 16];\n  stack_t ss{};\n  ss.ss_sp = alt;\n  ss.ss_size = sizeof alt;\n  sigaltstack(&ss, nullptr);\n\
+           struct sigaction sa{};\n  sa.sa_handler = ks_fault;\n  sa.sa_flags = SA_ONSTACK;\n  sigaction(SIGSEGV, &sa, nullptr);\n  sigaction(SIGBUS, &sa, nullptr);\n",
+    );
+    d.push_str(&format!("  size_t sizes[{}];\n", buffers.len().max(1)));
+    for i in 0..buffers.len() {
+        d.push_str(&format!("  ks_buf[{i}] = ks_load(argv[1], {i}, sizes[{i}]);\n"));
+    }
+    for (j, l) in launches.iter().enumerate() {
+        let [gx, gy, gz] = l.grid;
+        let [tx, ty, tz] = l.threadgroup;
+        if l.grid.contains(&0) || l.threadgroup.contains(&0) {
+            return Err(format!("launch `{}`: a grid or threadgroup size of 0", l.entry));
+        }
+        d.push_str(&format!(
+            "  ks_L = KsLaunch{{{{{gx}u, {gy}u, {gz}u}}, {{{tx}u, {ty}u, {tz}u}}, {{0, 0, 0}}, {{0, 0, 0}}}};\n\
+             for (uint z = 0; z < ({gz}u + {tz}u - 1) / {tz}u; z++)\n\
+               for (uint y = 0; y < ({gy}u + {ty}u - 1) / {ty}u; y++)\n\
+                 for (uint x = 0; x < ({gx}u + {tx}u - 1) / {tx}u; x++) {{\n\
+                   ks_L.gpos[0] = x; ks_L.gpos[1] = y; ks_L.gpos[2] = z;\n\
+                   ks_L.size[0] = std::min({tx}u, {gx}u - x * {tx}u);\n\
+                   ks_L.size[1] = std::min({ty}u, {gy}u - y * {ty}u);\n\
+                   ks_L.size[2] = std::min({tz}u, {gz}u - z * {tz}u);\n\
+                   ks::run_group(int(ks_L.size[0] * ks_L.size[1] * ks_L.size[2]), ks_thread{j});\n\
+                 }}\n"
+        ));
+    }
+    for i in 0..buffers.len() {
+        d.push_str(&format!(
+            "  {{\n    char path[4096];\n    snprintf(path, sizeof path, \"%s/b{i}.bin\", argv[1]);\n\
+             FILE* f = fopen(path, \"wb\");\n    if (!f || fwrite(ks_buf[{i}], 1, sizes[{i}], f) != sizes[{i}]) ks::fail(\"cannot write a buffer file\");\n    fclose(f);\n  }}\n"
+        ));
+    }
+    d.push_str("  return 0;\n}\n");
+    Ok(d)
 }
 
 impl BodySig {

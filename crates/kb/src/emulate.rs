@@ -1,0 +1,161 @@
+//! A task's Metal kernels run on Linux: the shim's executor ([`crate::metal_run`]) on a workload,
+//! inputs drawn as the judge draws them, outputs and scratch poisoned, every output element
+//! checked against the task's host reference with the task's tolerance. It shows that a body
+//! computes the right thing under Metal's rules (threadgroups, barriers, SIMD-group functions,
+//! 16-bit storage); it says nothing of its speed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ksearch_core::data::{self, Check, Rng};
+use ksearch_core::task::{KernelSpec, Task, Workload, shape_of};
+use ksearch_core::{Backend, expr, reference};
+
+use crate::metal::{BodySig, EmuBuffer, EmuLaunch, metal_run};
+
+/// What one emulated run found, per output.
+#[derive(Debug, Clone)]
+pub struct EmuOutcome {
+    /// The build: the configuration after shape-tied tunables were set for the workload.
+    pub config: BTreeMap<String, i64>,
+    pub checks: Vec<(String, Check)>,
+}
+
+impl EmuOutcome {
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|(_, c)| c.passed())
+    }
+    /// One line: every output's elements and errors, or the first offending element.
+    pub fn summary(&self) -> String {
+        self.checks
+            .iter()
+            .map(|(n, c)| {
+                if c.passed() {
+                    format!("`{n}` {} elements ok (max abs err {:.2e})", c.elements, c.max_abs_err)
+                } else {
+                    let (i, got, want) = c.first_bad.clone().unwrap_or((0, "?".into(), "?".into()));
+                    format!(
+                        "`{n}` {} mismatched, {} unwritten, {} NaN of {} (first at {i}: got {got}, reference {want})",
+                        c.mismatches, c.unwritten, c.nan, c.elements
+                    )
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// The workloads to emulate a task's Metal kernels on: `emulate` of `[backends.mlx-metal]`,
+/// else its held-out ones.
+pub fn emulate_workloads(task: &Task) -> Vec<Workload> {
+    match task.backend(Backend::MlxMetal) {
+        Some(b) if !b.emulate.is_empty() => b.emulate.clone(),
+        Some(b) => b.heldout.clone(),
+        None => Vec::new(),
+    }
+}
+
+/// Run kernel `k` of the task's `mlx-metal` back-end in `config` on workload `w` (inputs from
+/// `seed`). `Ok(None)`: the kernel does not admit the workload in this configuration (its
+/// constraints). `Err`: the build, the executor or the reference failed (a one-line reason).
+pub fn emulate_kernel(
+    task: &Task,
+    k: &KernelSpec,
+    config: &BTreeMap<String, i64>,
+    w: &Workload,
+    seed: u64,
+    limit: Duration,
+) -> Result<Option<EmuOutcome>, String> {
+    let backend = Backend::MlxMetal;
+    let Some(config) = k.specialise(config, w) else {
+        return Ok(None);
+    };
+    let name = task
+        .reference
+        .name()
+        .ok_or_else(|| format!("task `{}`: the executor checks against built-in references only", task.name))?;
+    let reference = reference::lookup(name).ok_or_else(|| format!("unknown reference `{name}`"))?;
+    // MLX's template parameters: every axis (task order), then every define.
+    let mut env: BTreeMap<String, i64> = w.clone();
+    env.extend(config.iter().map(|(a, b)| (a.clone(), *b)));
+    let mut sig = BodySig::from_task(task, backend, Some(&k.file));
+    sig.template_params = task
+        .axes
+        .iter()
+        .map(|a| (a.clone(), w.get(a).copied().unwrap_or(0)))
+        .chain(config.iter().map(|(a, b)| (a.clone(), *b)))
+        .collect();
+    sig.launches = ksearch_core::mlx::launch_io(task, backend, k);
+    let eval = |e: &str, what: &str| -> Result<u32, String> {
+        let v = expr::eval_i64(e, &env).map_err(|err| format!("{what} `{e}`: {err}"))?;
+        u32::try_from(v).map_err(|_| format!("{what} `{e}` = {v}"))
+    };
+    let mut launches = Vec::new();
+    for l in &k.launches {
+        let g = |i: usize| eval(&l.grid[i], &format!("launch `{}` grid", l.entry));
+        let b = |i: usize| eval(&l.block[i], &format!("launch `{}` block", l.entry));
+        launches.push(EmuLaunch {
+            entry: l.entry.clone(),
+            grid: [g(0)?, g(1)?, g(2)?],
+            threadgroup: [b(0)?, b(1)?, b(2)?],
+        });
+    }
+    let mut rng = Rng::new(seed);
+    let mut buffers = Vec::new();
+    let mut inputs = Vec::new();
+    for (i, t) in task.inputs.iter().enumerate() {
+        let shape = shape_of(t, w)?;
+        let dt = task.dtype_on(backend, t);
+        let vals = data::draw(&t.init, dt, shape.iter().product(), data::sub_seed(seed, i));
+        buffers.push(EmuBuffer {
+            name: t.name.clone(),
+            shape,
+            bytes: data::encode(&vals, dt),
+        });
+        inputs.push(vals);
+    }
+    let mut poisons = Vec::new();
+    for t in &task.outputs {
+        let shape = shape_of(t, w)?;
+        let dt = task.dtype_on(backend, t);
+        let p = data::random_poison(dt, &mut rng);
+        let mut bytes = vec![0u8; shape.iter().product::<usize>() * dt.size()];
+        data::fill_pattern(&mut bytes, &p);
+        buffers.push(EmuBuffer {
+            name: t.name.clone(),
+            shape,
+            bytes,
+        });
+        poisons.push(p);
+    }
+    for s in &k.scratch {
+        let n = expr::eval_i64(&s.bytes, &env).map_err(|e| format!("scratch `{}`: {e}", s.name))?;
+        let dt = s.dtype.unwrap_or(ksearch_core::task::DType::F32);
+        let n = usize::try_from(n).map_err(|_| format!("scratch `{}`: {n} bytes", s.name))?;
+        let mut bytes = vec![0u8; n];
+        data::fill_pattern(&mut bytes, &data::random_poison(dt, &mut rng));
+        buffers.push(EmuBuffer {
+            name: s.name.clone(),
+            shape: vec![n / dt.size()],
+            bytes,
+        });
+    }
+    metal_run(&k.source, &sig, &launches, &mut buffers, limit)?;
+    let refs = reference(&reference::RefArgs {
+        axes: w,
+        constants: &task.constants,
+        inputs: inputs.iter().map(|v| v.as_slice()).collect(),
+    });
+    let mut checks = Vec::new();
+    for (i, t) in task.outputs.iter().enumerate() {
+        let dt = task.dtype_on(backend, t);
+        let tol = task
+            .tolerance
+            .get(&dt)
+            .copied()
+            .unwrap_or(ksearch_core::task::Tolerance { atol: 1e-5, rtol: 1e-4 });
+        let out = &buffers[task.inputs.len() + i].bytes;
+        checks.push((t.name.clone(), data::check_with_poison(out, dt, &refs[i], tol, &poisons[i])));
+    }
+    Ok(Some(EmuOutcome { config, checks }))
+}

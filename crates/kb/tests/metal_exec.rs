@@ -1,0 +1,228 @@
+//! The Metal executor: what it does with Metal's rules (small bodies written here), and every
+//! Metal kernel of every task run on the task's `emulate` workloads, in its default
+//! configuration and with each other tunable value, every output element checked against the
+//! task's reference.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use ksearch_kb::{BodySig, EmuBuffer, EmuLaunch, emulate_kernel, emulate_workloads, find_cxx, metal_run};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn need_cxx() {
+    assert!(find_cxx().is_some(), "these tests need a C++ compiler (g++ or clang++)");
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Run `body` (inputs `x: f32`, output `y: f32`, n elements each) on a grid of `grid` threads in
+/// threadgroups of `tg`; y comes back (or the executor's reason).
+fn run(body: &str, x: &[f32], n_out: usize, grid: u32, tg: u32) -> Result<Vec<f32>, String> {
+    need_cxx();
+    let sig = BodySig::from_comments("// inputs: x:f32\n// outputs: y:f32\n").unwrap();
+    let mut bufs = vec![
+        EmuBuffer {
+            name: "x".into(),
+            shape: vec![x.len()],
+            bytes: bytes(x),
+        },
+        EmuBuffer {
+            name: "y".into(),
+            shape: vec![n_out],
+            bytes: bytes(&vec![f32::NAN; n_out]),
+        },
+    ];
+    let launch = EmuLaunch {
+        entry: "body".into(),
+        grid: [grid, 1, 1],
+        threadgroup: [tg, 1, 1],
+    };
+    metal_run(body, &sig, &[launch], &mut bufs, LIMIT)?;
+    Ok(f32s(&bufs[1].bytes))
+}
+
+#[test]
+fn simd_functions_barriers_and_threadgroup_memory_follow_metal() {
+    // 64 threads in threadgroups of 64: two SIMD-groups. Each thread writes: its sum over the
+    // SIMD-group, the xor-1 neighbour's value, an exclusive prefix sum, and the value another
+    // SIMD-group put in threadgroup memory before the barrier.
+    let body = r#"
+threadgroup float t[64];
+const uint i = thread_position_in_grid.x;
+const uint l = thread_index_in_simdgroup;
+const float v = x[i];
+t[i] = v * 2.0f;
+threadgroup_barrier(mem_flags::mem_threadgroup);
+y[4 * i] = simd_sum(v);
+y[4 * i + 1] = simd_shuffle_xor(v, ushort(1));
+y[4 * i + 2] = simd_prefix_exclusive_sum(v);
+y[4 * i + 3] = t[(i + 32) % 64] + float(l == 0 ? 1000 : 0);
+"#;
+    let x: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let y = run(body, &x, 256, 64, 64).unwrap();
+    for i in 0..64usize {
+        let sg = i / 32;
+        let lo = (sg * 32) as f32;
+        let sum: f32 = (0..32).map(|k| lo + k as f32).sum();
+        assert_eq!(y[4 * i], sum, "simd_sum at {i}");
+        assert_eq!(y[4 * i + 1], (i ^ 1) as f32, "shuffle_xor at {i}");
+        let pre: f32 = (sg * 32..i).map(|k| k as f32).sum();
+        assert_eq!(y[4 * i + 2], pre, "prefix at {i}");
+        let other = 2.0 * ((i + 32) % 64) as f32 + if i % 32 == 0 { 1000.0 } else { 0.0 };
+        assert_eq!(y[4 * i + 3], other, "threadgroup memory at {i}");
+    }
+}
+
+#[test]
+fn a_partial_threadgroup_at_the_grid_edge_has_its_own_size() {
+    // 100 threads in threadgroups of 64: the second has 36, and its last SIMD-group 4 lanes.
+    let body = r#"
+const uint i = thread_position_in_grid.x;
+y[2 * i] = float(threads_per_threadgroup.x);
+y[2 * i + 1] = simd_sum(1.0f);
+"#;
+    let y = run(body, &[0.0], 200, 100, 64).unwrap();
+    for i in 0..100usize {
+        let (size, lanes) = if i < 64 {
+            (64.0, 32.0)
+        } else if i < 96 {
+            (36.0, 32.0)
+        } else {
+            (36.0, 4.0)
+        };
+        assert_eq!((y[2 * i], y[2 * i + 1]), (size, lanes), "thread {i}");
+    }
+}
+
+#[test]
+fn threadgroup_memory_starts_as_nan_and_half_rounds_to_nearest_even() {
+    let body = r#"
+threadgroup float t[4];
+const uint i = thread_position_in_grid.x;
+if (i == 0) {
+    y[0] = t[3];                       // never written: NaN, as the GPU does not clear it
+    y[1] = float(half(x[0]));          // 1 + 2^-11 rounds to even: 1
+    y[2] = float(half(x[1]));          // 1 + 3 * 2^-11 rounds up: 1 + 2^-9
+    y[3] = float(half(x[2]));          // past 65504: inf
+}
+"#;
+    let x = [1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), 70000.0];
+    let y = run(body, &x, 4, 32, 32).unwrap();
+    assert!(y[0].is_nan());
+    assert_eq!(y[1], 1.0);
+    assert_eq!(y[2], 1.0 + 2f32.powi(-9));
+    assert!(y[3].is_infinite());
+}
+
+#[test]
+fn metal_rule_breaks_are_reported_not_hidden() {
+    // lanes of one SIMD-group at two different SIMD-group functions
+    let divergent = "const uint i = thread_position_in_grid.x;\nif (i % 2) y[i] = simd_sum(x[0]); else y[i] = simd_max(x[0]);\n";
+    let e = run(divergent, &[1.0], 32, 32, 32).unwrap_err();
+    assert!(e.contains("different SIMD-group function calls"), "{e}");
+    // one lane at a barrier, the rest of its SIMD-group at a SIMD-group function
+    let deadlock = "const uint i = thread_position_in_grid.x;\nif (i == 0) threadgroup_barrier(mem_flags::mem_threadgroup);\nelse y[i] = simd_sum(x[0]);\n";
+    let e = run(deadlock, &[1.0], 64, 64, 64).unwrap_err();
+    assert!(e.contains("deadlock"), "{e}");
+    // more threadgroup memory than an Apple GPU has
+    let big = "threadgroup float t[9000];\nt[thread_position_in_grid.x] = 1.0f;\ny[0] = t[0];\n";
+    let e = run(big, &[1.0], 1, 32, 32).unwrap_err();
+    assert!(e.contains("32 KB"), "{e}");
+    // a write far past the output's end
+    let oob = "y[thread_position_in_grid.x * 4096] = 1.0f;\n";
+    let e = run(oob, &[1.0], 16, 32, 32).unwrap_err();
+    assert!(e.contains("memory fault"), "{e}");
+    // a body that does not compile is the compiler's diagnostics
+    let e = run("y[0] = undeclared;\n", &[1.0], 1, 1, 1).unwrap_err();
+    assert!(e.contains("undeclared"), "{e}");
+}
+
+/// Every configuration to run: the defaults, then each other value of each tunable alone.
+fn configs(k: &ksearch_core::KernelSpec) -> Vec<BTreeMap<String, i64>> {
+    let base = k.default_config();
+    let mut out = vec![base.clone()];
+    for t in &k.tunables {
+        for v in &t.values {
+            if *v != t.default_value() {
+                let mut c = base.clone();
+                c.insert(t.name.clone(), *v);
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_task_metal_kernel_computes_its_reference() {
+    need_cxx();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks");
+    let tasks = ksearch_core::task::load_all(&root).unwrap();
+    let mut jobs = Vec::new();
+    for task in &tasks {
+        let Some(b) = task.backend(ksearch_core::Backend::MlxMetal) else {
+            continue;
+        };
+        let workloads = emulate_workloads(task);
+        assert!(!workloads.is_empty(), "task `{}` has no workloads to emulate", task.name);
+        for k in std::iter::once(&b.seed).chain(&b.kernels) {
+            for c in configs(k) {
+                for w in &workloads {
+                    jobs.push((task, k, c.clone(), w.clone()));
+                }
+            }
+        }
+    }
+    // Builds and runs spread over the machine's cores.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).min(8);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((task, k, c, w)) = jobs.get(i) else { break };
+                    let r = emulate_kernel(task, k, c, w, 0x5eed ^ i as u64, LIMIT);
+                    results.lock().unwrap().push((i, r));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|(i, _)| *i);
+    let (mut ran, mut skipped, mut bad) = (0, 0, Vec::new());
+    for (i, r) in results {
+        let (task, k, c, w) = &jobs[i];
+        let what = format!(
+            "{} {} {:?} on {:?}",
+            task.name,
+            if k.name.is_empty() { "seed" } else { &k.name },
+            c,
+            w
+        );
+        match r {
+            Ok(None) => skipped += 1,
+            Ok(Some(o)) if o.passed() => ran += 1,
+            Ok(Some(o)) => bad.push(format!("{what}: {}", o.summary())),
+            Err(e) => bad.push(format!("{what}: {e}")),
+        }
+    }
+    eprintln!("emulated {ran} runs ({skipped} configurations not admitted by their workload)");
+    assert!(ran > 0);
+    assert!(
+        bad.is_empty(),
+        "{} of {} runs failed:\n{}",
+        bad.len(),
+        ran + bad.len(),
+        bad.join("\n")
+    );
+}
