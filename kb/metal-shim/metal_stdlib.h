@@ -836,7 +836,25 @@ inline void simdgroup_multiply(simdgroup_matrix<T, C, R>& d, const simdgroup_mat
 }  // namespace metal
 
 // MLX kernel utilities that MLX puts in scope for metal_kernel bodies
-// (mlx/backend/metal/kernels/utils.h); declared loosely.
-template <class IdxT = int64_t, class... A> inline IdxT elem_to_loc(A...) { return IdxT(0); }
+// (mlx/backend/metal/kernels/utils.h): elem_to_loc(element, shape, strides, ndim) is the memory
+// offset of a row-major element index in a strided array.
+template <class IdxT = int64_t, class E, class S, class T>
+inline IdxT elem_to_loc(E elem, const S* shape, const T* strides, int ndim) {
+  IdxT loc = 0;
+  IdxT e = IdxT(elem);
+  for (int i = ndim - 1; i >= 0 && e > 0; --i) {
+    loc += (e % IdxT(shape[i])) * IdxT(strides[i]);
+    e /= IdxT(shape[i]);
+  }
+  return loc;
+}
+// MLX's other overloads (e.g. 3-D elements with two stride arrays) are declared loosely: they type-
+// check, and stop an executed kernel with that reason.
+template <class IdxT = int64_t, class... A> inline IdxT elem_to_loc(A...) {
+#ifdef KS_METAL_EXEC
+  ks::fail("this elem_to_loc overload is not modelled by the executor");
+#endif
+  return IdxT(0);
+}
 
 #endif  // KSEARCH_METAL_SHIM_H

@@ -123,6 +123,18 @@ if (i == 0) {
 }
 
 #[test]
+fn mlx_utilities_and_input_shapes_are_what_mlx_passes() {
+    // x_shape / x_strides / x_ndim as MLX passes them (row-major, contiguous), and elem_to_loc.
+    let body = r#"
+const uint i = thread_position_in_grid.x;
+y[i] = x[elem_to_loc(i, x_shape, x_strides, x_ndim)] + float(x_shape[0] * 100 + x_ndim);
+"#;
+    let x: Vec<f32> = (0..5).map(|i| i as f32).collect();
+    let y = run(body, &x, 5, 5, 32).unwrap();
+    assert_eq!(y, vec![501.0, 502.0, 503.0, 504.0, 505.0]);
+}
+
+#[test]
 fn metal_rule_breaks_are_reported_not_hidden() {
     // lanes of one SIMD-group at two different SIMD-group functions
     let divergent = "const uint i = thread_position_in_grid.x;\nif (i % 2) y[i] = simd_sum(x[0]); else y[i] = simd_max(x[0]);\n";
