@@ -237,11 +237,11 @@ pub struct EmuBuffer {
 /// Threadgroup storage declared in a body (`threadgroup float buf[N];`) becomes one object per
 /// threadgroup in the executor's arena; pointers (`threadgroup float* p`) only lose the word.
 /// Lines are kept.
-fn threadgroup_storage(src: &str) -> String {
+fn threadgroup_storage(src: &str, first_id: usize) -> String {
     let decl = crate::cached_regex(
         r"(?m)^([ \t]*)threadgroup[ \t]+([A-Za-z_][\w:<>, ]*?)[ \t]+([A-Za-z_]\w*)[ \t]*((?:\[[^\]\n]+\][ \t]*)*);",
     );
-    let mut n = 0;
+    let mut n = first_id;
     decl.replace_all(src, |c: &regex::Captures| {
         n += 1;
         let dims: String = c[4].split_whitespace().collect();
@@ -267,8 +267,8 @@ pub fn metal_run(
     let dir = shim_dir()?;
     let sectioned = ksearch_core::mlx::has_sections(src);
     let mut sig = sig.clone();
-    sig.header = threadgroup_storage(&sig.header);
-    let (text, _) = shim_text(&threadgroup_storage(src), Some(&sig));
+    sig.header = threadgroup_storage(&sig.header, 1_000_000);
+    let (text, _) = shim_text(&threadgroup_storage(src, 0), Some(&sig));
     let mut prog = format!("#define KS_METAL_EXEC 1\n{text}\n#line 1 \"driver.cpp\"\n");
     prog.push_str(&driver(&sig, sectioned, launches, buffers)?);
     let file = dir.path().join("run.cpp");
