@@ -3,10 +3,10 @@
 // defined) run them on the CPU.
 //
 // It models what kernels use: address-space qualifiers (erased), attributes (ignored by the
-// compiler, `-w`), scalar and vector types, math, SIMD-group, barrier, atomic and
-// simdgroup_matrix functions. Known gaps: vector swizzles beyond .x/.y/.z/.w/.r/.g/.b/.a (e.g.
-// `.xy`), textures, and address-space mismatches (device vs threadgroup pointers are not told
-// apart).
+// compiler, `-w`), scalar and vector types (with swizzles, rewritten by ksearch), math,
+// SIMD-group, barrier, atomic and simdgroup_matrix functions. Known gaps: single-component
+// .r/.g/.b/.a, textures, matrix types other than simdgroup_matrix, and address-space mismatches
+// (device vs threadgroup pointers are not told apart).
 // Execution mode (KS_METAL_EXEC): half and bfloat are 16-bit storage rounded to
 // nearest even; a threadgroup's threads are cooperatively scheduled fibers; barriers and SIMD-group
 // functions are rendezvous of the threads (or lanes) that have not returned; threadgroup memory is
@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 #ifdef KS_METAL_EXEC
 #include <sys/mman.h>
@@ -126,19 +127,39 @@ template <class T> struct ks_is_scalar
                                        std::is_same<T, bfloat>::value> {};
 template <class T> struct ks_ident { typedef T type; };
 
-// Vectors.
+// Vectors. Swizzles of two to four components (`v.xy`, `v.zyx`, `c.rgba`) are rewritten by
+// ksearch to `v.template ks_sw<0, 1>()` before compiling: a copy of the components that writes
+// back on assignment (`v.xy = ...`, `v.zw += ...`).
 template <class T, int N> struct vec;
-#define KS_VEC_INDEX                                                                          \
+template <class T, int N, int... I> struct ks_swz : vec<T, int(sizeof...(I))> {
+  typedef vec<T, int(sizeof...(I))> base;
+  vec<T, N>* p;
+  explicit ks_swz(vec<T, N>* v) : base((*v)[I]...), p(v) {}
+  ks_swz& operator=(const base& o) {
+    int k = 0;
+    (void)std::initializer_list<int>{((*p)[I] = o[k++], 0)...};
+    static_cast<base&>(*this) = o;
+    return *this;
+  }
+  ks_swz& operator+=(const base& o) { return *this = base(*this) + o; }
+  ks_swz& operator-=(const base& o) { return *this = base(*this) - o; }
+  ks_swz& operator*=(const base& o) { return *this = base(*this) * o; }
+  ks_swz& operator/=(const base& o) { return *this = base(*this) / o; }
+};
+#define KS_VEC_INDEX(N)                                                                       \
   T& operator[](int i) { return (&x)[i]; }                                                    \
-  const T& operator[](int i) const { return (&x)[i]; }
+  const T& operator[](int i) const { return (&x)[i]; }                                        \
+  template <int... I> ks_swz<T, N, I...> ks_sw() const {                                      \
+    static_assert(sizeof...(I) >= 2 && sizeof...(I) <= 4, "a swizzle has 2 to 4 components"); \
+    return ks_swz<T, N, I...>(const_cast<vec*>(this));                                        \
+  }
 template <class T> struct vec<T, 2> {
   T x, y;
   vec() = default;
   constexpr vec(T s) : x(s), y(s) {}
   constexpr vec(T a, T b) : x(a), y(b) {}
   template <class U> explicit vec(const vec<U, 2>& o) : x(T(o.x)), y(T(o.y)) {}
-  T& r() { return x; }
-  KS_VEC_INDEX
+  KS_VEC_INDEX(2)
 };
 template <class T> struct vec<T, 3> {
   T x, y, z;
@@ -148,7 +169,7 @@ template <class T> struct vec<T, 3> {
   vec(const vec<T, 2>& a, T c) : x(a.x), y(a.y), z(c) {}
   vec(T a, const vec<T, 2>& b) : x(a), y(b.x), z(b.y) {}
   template <class U> explicit vec(const vec<U, 3>& o) : x(T(o.x)), y(T(o.y)), z(T(o.z)) {}
-  KS_VEC_INDEX
+  KS_VEC_INDEX(3)
 };
 template <class T> struct vec<T, 4> {
   T x, y, z, w;
@@ -161,7 +182,7 @@ template <class T> struct vec<T, 4> {
   vec(const vec<T, 3>& a, T d) : x(a.x), y(a.y), z(a.z), w(d) {}
   vec(T a, const vec<T, 3>& b) : x(a), y(b.x), z(b.y), w(b.z) {}
   template <class U> explicit vec(const vec<U, 4>& o) : x(T(o.x)), y(T(o.y)), z(T(o.z)), w(T(o.w)) {}
-  KS_VEC_INDEX
+  KS_VEC_INDEX(4)
 };
 #undef KS_VEC_INDEX
 
@@ -188,7 +209,32 @@ KS_VEC_OP(+)
 KS_VEC_OP(-)
 KS_VEC_OP(*)
 KS_VEC_OP(/)
+KS_VEC_OP(%)
+KS_VEC_OP(&)
+KS_VEC_OP(|)
+KS_VEC_OP(^)
+KS_VEC_OP(<<)
+KS_VEC_OP(>>)
 #undef KS_VEC_OP
+// Component-wise comparisons give bool vectors; any / all reduce them.
+#define KS_VEC_CMP(OP)                                                                        \
+  template <class T, int N> vec<bool, N> operator OP(const vec<T, N>& a, const vec<T, N>& b) { \
+    vec<bool, N> r;                                                                           \
+    for (int i = 0; i < N; ++i) r[i] = a[i] OP b[i];                                          \
+    return r;                                                                                 \
+  }                                                                                           \
+  template <class T, int N> vec<bool, N> operator OP(const vec<T, N>& a, typename ks_ident<T>::type b) { \
+    vec<bool, N> r;                                                                           \
+    for (int i = 0; i < N; ++i) r[i] = a[i] OP b;                                             \
+    return r;                                                                                 \
+  }
+KS_VEC_CMP(==)
+KS_VEC_CMP(!=)
+KS_VEC_CMP(<)
+KS_VEC_CMP(<=)
+KS_VEC_CMP(>)
+KS_VEC_CMP(>=)
+#undef KS_VEC_CMP
 template <class T, int N> vec<T, N> operator-(vec<T, N> a) {
   for (int i = 0; i < N; ++i) a[i] = -a[i];
   return a;
@@ -305,6 +351,18 @@ template <class T, int N> inline T dot(const vec<T, N>& a, const vec<T, N>& b) {
   for (int i = 0; i < N; ++i) s = s + a[i] * b[i];
   return s;
 }
+template <int N> inline bool any(const vec<bool, N>& v) {
+  for (int i = 0; i < N; ++i)
+    if (v[i]) return true;
+  return false;
+}
+template <int N> inline bool all(const vec<bool, N>& v) {
+  for (int i = 0; i < N; ++i)
+    if (!v[i]) return false;
+  return true;
+}
+inline bool any(bool b) { return b; }
+inline bool all(bool b) { return b; }
 template <class T, class U> inline T as_type(U u) {
   static_assert(sizeof(T) == sizeof(U), "as_type: sizes differ");
   T t;

@@ -102,12 +102,28 @@ pub fn wrap_body(body: &str, sig: &BodySig) -> String {
 }
 
 /// Metal-only spellings the C++ compiler cannot take, rewritten with line numbers kept:
-/// `[[threadgroup(i)]]` (the macro would erase the word) and half literals `1.0h`.
+/// `[[threadgroup(i)]]` (the macro would erase the word), half literals `1.0h`, and swizzles of
+/// two to four components (`v.xy`, `c.bgr`: the shim's `v.template ks_sw<0, 1>()`).
 fn rewrite(src: &str) -> String {
     let tg = crate::cached_regex(r"\[\[\s*threadgroup\s*\(");
     let s = tg.replace_all(src, "[[ks_threadgroup_index(");
     let half = crate::cached_regex(r"\b(\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)[hH]\b");
-    half.replace_all(&s, "half($1)").into_owned()
+    let s = half.replace_all(&s, "half($1)");
+    let swizzle = crate::cached_regex(r"([\w\)\]])\.([xyzw]{2,4}|[rgba]{2,4})\b");
+    swizzle
+        .replace_all(&s, |c: &regex::Captures| {
+            let idx: Vec<&str> = c[2]
+                .chars()
+                .map(|ch| match ch {
+                    'x' | 'r' => "0",
+                    'y' | 'g' => "1",
+                    'z' | 'b' => "2",
+                    _ => "3",
+                })
+                .collect();
+            format!("{}.template ks_sw<{}>()", &c[1], idx.join(", "))
+        })
+        .into_owned()
 }
 
 /// The C++ compiler to use: `$KSEARCH_CXX`, else clang++, else g++, else c++.

@@ -135,6 +135,27 @@ y[i] = x[elem_to_loc(i, x_shape, x_strides, x_ndim)] + float(x_shape[0] * 100 + 
 }
 
 #[test]
+fn swizzles_and_vector_comparisons_work_both_ways() {
+    let body = r#"
+if (thread_position_in_grid.x == 0) {
+    float4 v = float4(x[0], x[1], x[2], x[3]);
+    const float2 a = v.xy + v.wz;            // (1 + 4, 2 + 3)
+    v.zw = a;                                // v = (1, 2, 5, 5)
+    v.xy += float2(10.0f);                   // v = (11, 12, 5, 5)
+    const float3 c = v.bgr;                  // (5, 12, 11)
+    y[0] = a.x; y[1] = a.y;
+    y[2] = v.x; y[3] = v.y; y[4] = v.z; y[5] = v.w;
+    y[6] = c.x; y[7] = c.y; y[8] = c.z;
+    y[9] = all(v.xy > 10.0f) && !any(v.zw == float2(0.0f)) ? 1.0f : 0.0f;
+    const uint2 m = uint2(7, 12) % 5u;       // (2, 2)
+    y[10] = float(m.x + (m.y << 1));        // 6
+}
+"#;
+    let y = run(body, &[1.0, 2.0, 3.0, 4.0], 11, 32, 32).unwrap();
+    assert_eq!(y, vec![5.0, 5.0, 11.0, 12.0, 5.0, 5.0, 5.0, 12.0, 11.0, 1.0, 6.0]);
+}
+
+#[test]
 fn metal_rule_breaks_are_reported_not_hidden() {
     // lanes of one SIMD-group at two different SIMD-group functions
     let divergent = "const uint i = thread_position_in_grid.x;\nif (i % 2) y[i] = simd_sum(x[0]); else y[i] = simd_max(x[0]);\n";
