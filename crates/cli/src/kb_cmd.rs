@@ -67,9 +67,17 @@ pub enum KbCmd {
         #[arg(long)]
         kernel: Option<String>,
         /// A Metal body file to run in place of the kernel's source (its launches, tunables and
-        /// scratch are the kernel's: --kernel, default the seed).
+        /// scratch are the kernel's: --kernel, default the seed); or a whole Metal file (one
+        /// `[[kernel]]` function), its pointer parameters bound to the task's tensors and its
+        /// `constant T&` parameters to the axes by name, launched with --grid and --threadgroup.
         #[arg(long)]
         file: Option<PathBuf>,
+        /// A whole file's grid: three expressions over the axes, in threads ("rows*256,1,1").
+        #[arg(long)]
+        grid: Option<String>,
+        /// A whole file's threadgroup: three expressions over the axes ("256,1,1").
+        #[arg(long)]
+        threadgroup: Option<String>,
         /// NAME=VALUE: a tunable's value (repeatable); the others keep their defaults.
         #[arg(short = 'D', long = "define")]
         defines: Vec<String>,
@@ -143,12 +151,24 @@ pub fn run(cmd: KbCmd, tasks: Option<PathBuf>) -> anyhow::Result<i32> {
         task,
         kernel,
         file,
+        grid,
+        threadgroup,
         defines,
         workload,
         timeout,
     } = cmd
     {
-        return emulate(tasks, &task, kernel.as_deref(), file.as_deref(), &defines, &workload, timeout);
+        let launch = (grid, threadgroup);
+        return emulate(
+            tasks,
+            &task,
+            kernel.as_deref(),
+            file.as_deref(),
+            launch,
+            &defines,
+            &workload,
+            timeout,
+        );
     }
     let kb = match load() {
         Ok(kb) => kb,
@@ -368,11 +388,13 @@ fn int_pairs<'a>(items: impl Iterator<Item = &'a str>, what: &str) -> Result<BTr
 
 /// `ksearch kb emulate`: one line per kernel and workload; exit 1 when an output is wrong or a
 /// run fails, 2 for a usage error.
+#[allow(clippy::too_many_arguments)]
 fn emulate(
     tasks: Option<PathBuf>,
     name: &str,
     kernel: Option<&str>,
     file: Option<&Path>,
+    launch: (Option<String>, Option<String>),
     defines: &[String],
     workloads: &[String],
     timeout: u64,
@@ -403,11 +425,44 @@ fn emulate(
         None if file.is_some() => vec![b.seed.clone()],
         None => all.into_iter().cloned().collect(),
     };
+    let mut whole = None;
     if let Some(f) = file {
         match std::fs::read_to_string(f) {
+            Ok(src) if regex_lite_kernel(&src) => whole = Some(src),
             Ok(src) => chosen[0].source = src,
             Err(e) => return usage(format!("{}: {e}", f.display())),
         }
+    }
+    let three = |s: &Option<String>, what: &str| -> Result<Option<[String; 3]>, String> {
+        let Some(s) = s else { return Ok(None) };
+        let (mut parts, mut cur, mut depth) = (Vec::new(), String::new(), 0);
+        for ch in s.chars() {
+            match ch {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    parts.push(std::mem::take(&mut cur).trim().to_string());
+                    continue;
+                }
+                _ => {}
+            }
+            cur.push(ch);
+        }
+        parts.push(cur.trim().to_string());
+        <[String; 3]>::try_from(parts)
+            .map(Some)
+            .map_err(|_| format!("--{what} `{s}`: expected three comma-separated expressions"))
+    };
+    let (grid, tg) = match (three(&launch.0, "grid"), three(&launch.1, "threadgroup")) {
+        (Ok(g), Ok(t)) => (g, t),
+        (Err(e), _) | (_, Err(e)) => return usage(e),
+    };
+    if whole.is_some() != (grid.is_some() && tg.is_some()) || (whole.is_none() && (grid.is_some() || tg.is_some())) {
+        return usage(if whole.is_some() {
+            "a whole Metal file (a `[[kernel]]` function) needs --grid and --threadgroup".into()
+        } else {
+            "--grid and --threadgroup go with a whole Metal file (--file declaring a `[[kernel]]` function)".into()
+        });
     }
     let set = match int_pairs(defines.iter().map(String::as_str), "-D") {
         Ok(s) => s,
@@ -439,6 +494,39 @@ fn emulate(
     }
     let show = |m: &BTreeMap<String, i64>| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
     let (mut ran, mut failed, mut skipped) = (0, 0, 0);
+    if let (Some(src), Some(grid), Some(tg), Some(f)) = (&whole, &grid, &tg, file) {
+        if !set.is_empty() || kernel.is_some() {
+            return usage("-D and --kernel do not apply to a whole Metal file".into());
+        }
+        let fname = f.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        for (i, w) in list.iter().enumerate() {
+            ran += 1;
+            match ksearch_kb::emulate_file(
+                &task,
+                src,
+                grid,
+                tg,
+                w,
+                0x5eed + i as u64,
+                std::time::Duration::from_secs(timeout),
+            ) {
+                Ok(o) => {
+                    let ok = o.passed();
+                    failed += usize::from(!ok);
+                    println!("{} {fname} on {}: {}", if ok { "ok  " } else { "FAIL" }, show(w), o.summary());
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("FAIL {fname} on {}: {}", show(w), e.lines().next().unwrap_or_default());
+                    for l in e.lines().skip(1).take(20) {
+                        println!("     {l}");
+                    }
+                }
+            }
+        }
+        println!("emulated {ran} run(s) of task `{name}` on the CPU: {failed} failed");
+        return Ok(if failed > 0 { 1 } else { 0 });
+    }
     for k in &chosen {
         let mut config = k.default_config();
         for (n, v) in &set {

@@ -244,6 +244,36 @@ fn emulate_runs_a_task_metal_kernel_on_the_cpu_and_checks_it() {
         .arg(&oob));
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.contains("metal-emu: memory fault"), "{stdout}");
+    // A whole Metal file: buffers bound by name, launched as told.
+    let example = kb_dir().join("examples/softmax_rows.metal");
+    let (code, stdout, _) = out(ksearch()
+        .arg("--tasks-dir")
+        .arg(tasks_dir())
+        .args([
+            "kb",
+            "emulate",
+            "softmax",
+            "--workload",
+            "rows=5,cols=777",
+            "--grid",
+            "rows * 256, 1, 1",
+            "--threadgroup",
+            "256,1,1",
+            "--file",
+        ])
+        .arg(&example));
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.starts_with("ok   softmax_rows.metal on cols=777,rows=5: `y` 3885 elements ok"),
+        "{stdout}"
+    );
+    let (code, _, stderr) = out(ksearch()
+        .arg("--tasks-dir")
+        .arg(tasks_dir())
+        .args(["kb", "emulate", "softmax", "--file"])
+        .arg(&example));
+    assert_eq!(code, 2);
+    assert!(stderr.contains("needs --grid and --threadgroup"), "{stderr}");
     // Usage errors: one line, exit 2.
     for (args, want) in [
         (

@@ -11,7 +11,7 @@ use ksearch_core::data::{self, Check, Rng};
 use ksearch_core::task::{KernelSpec, Task, Workload, shape_of};
 use ksearch_core::{Backend, expr, reference};
 
-use crate::metal::{BodySig, EmuBuffer, EmuLaunch, metal_run};
+use crate::metal::{BodySig, EmuBuffer, EmuLaunch, metal_run, metal_run_file};
 
 /// What one emulated run found, per output.
 #[derive(Debug, Clone)]
@@ -70,11 +70,7 @@ pub fn emulate_kernel(
     let Some(config) = k.specialise(config, w) else {
         return Ok(None);
     };
-    let name = task
-        .reference
-        .name()
-        .ok_or_else(|| format!("task `{}`: the executor checks against built-in references only", task.name))?;
-    let reference = reference::lookup(name).ok_or_else(|| format!("unknown reference `{name}`"))?;
+    let reference = builtin_reference(task)?;
     // MLX's template parameters: every axis (task order), then every define.
     let mut env: BTreeMap<String, i64> = w.clone();
     env.extend(config.iter().map(|(a, b)| (a.clone(), *b)));
@@ -100,62 +96,136 @@ pub fn emulate_kernel(
             threadgroup: [b(0)?, b(1)?, b(2)?],
         });
     }
-    let mut rng = Rng::new(seed);
-    let mut buffers = Vec::new();
-    let mut inputs = Vec::new();
-    for (i, t) in task.inputs.iter().enumerate() {
-        let shape = shape_of(t, w)?;
-        let dt = task.dtype_on(backend, t);
-        let vals = data::draw(&t.init, dt, shape.iter().product(), data::sub_seed(seed, i));
-        buffers.push(EmuBuffer {
-            name: t.name.clone(),
-            shape,
-            bytes: data::encode(&vals, dt),
-        });
-        inputs.push(vals);
-    }
-    let mut poisons = Vec::new();
-    for t in &task.outputs {
-        let shape = shape_of(t, w)?;
-        let dt = task.dtype_on(backend, t);
-        let p = data::random_poison(dt, &mut rng);
-        let mut bytes = vec![0u8; shape.iter().product::<usize>() * dt.size()];
-        data::fill_pattern(&mut bytes, &p);
-        buffers.push(EmuBuffer {
-            name: t.name.clone(),
-            shape,
-            bytes,
-        });
-        poisons.push(p);
-    }
-    for s in &k.scratch {
-        let n = expr::eval_i64(&s.bytes, &env).map_err(|e| format!("scratch `{}`: {e}", s.name))?;
-        let dt = s.dtype.unwrap_or(ksearch_core::task::DType::F32);
-        let n = usize::try_from(n).map_err(|_| format!("scratch `{}`: {n} bytes", s.name))?;
+    let mut run = Prepared::new(task, w, seed)?;
+    let mut rng = Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15);
+    for sc in &k.scratch {
+        let n = expr::eval_i64(&sc.bytes, &env).map_err(|e| format!("scratch `{}`: {e}", sc.name))?;
+        let dt = sc.dtype.unwrap_or(ksearch_core::task::DType::F32);
+        let n = usize::try_from(n).map_err(|_| format!("scratch `{}`: {n} bytes", sc.name))?;
         let mut bytes = vec![0u8; n];
         data::fill_pattern(&mut bytes, &data::random_poison(dt, &mut rng));
-        buffers.push(EmuBuffer {
-            name: s.name.clone(),
+        run.buffers.push(EmuBuffer {
+            name: sc.name.clone(),
             shape: vec![n / dt.size()],
             bytes,
         });
     }
-    metal_run(&k.source, &sig, &launches, &mut buffers, limit)?;
-    let refs = reference(&reference::RefArgs {
-        axes: w,
-        constants: &task.constants,
-        inputs: inputs.iter().map(|v| v.as_slice()).collect(),
-    });
-    let mut checks = Vec::new();
-    for (i, t) in task.outputs.iter().enumerate() {
-        let dt = task.dtype_on(backend, t);
-        let tol = task
-            .tolerance
-            .get(&dt)
-            .copied()
-            .unwrap_or(ksearch_core::task::Tolerance { atol: 1e-5, rtol: 1e-4 });
-        let out = &buffers[task.inputs.len() + i].bytes;
-        checks.push((t.name.clone(), data::check_with_poison(out, dt, &refs[i], tol, &poisons[i])));
-    }
+    metal_run(&k.source, &sig, &launches, &mut run.buffers, limit)?;
+    let checks = run.check(task, w, reference)?;
     Ok(Some(EmuOutcome { config, checks }))
+}
+
+/// A workload's buffers for one emulated run: inputs drawn as the judge draws them, outputs
+/// poisoned with a fresh random NaN.
+struct Prepared {
+    buffers: Vec<EmuBuffer>,
+    inputs: Vec<Vec<f64>>,
+    poisons: Vec<Vec<u8>>,
+}
+
+impl Prepared {
+    fn new(task: &Task, w: &Workload, seed: u64) -> Result<Prepared, String> {
+        let backend = Backend::MlxMetal;
+        let mut rng = Rng::new(seed);
+        let (mut buffers, mut inputs, mut poisons) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, t) in task.inputs.iter().enumerate() {
+            let shape = shape_of(t, w)?;
+            let dt = task.dtype_on(backend, t);
+            let vals = data::draw(&t.init, dt, shape.iter().product(), data::sub_seed(seed, i));
+            buffers.push(EmuBuffer {
+                name: t.name.clone(),
+                shape,
+                bytes: data::encode(&vals, dt),
+            });
+            inputs.push(vals);
+        }
+        for t in &task.outputs {
+            let shape = shape_of(t, w)?;
+            let dt = task.dtype_on(backend, t);
+            let p = data::random_poison(dt, &mut rng);
+            let mut bytes = vec![0u8; shape.iter().product::<usize>() * dt.size()];
+            data::fill_pattern(&mut bytes, &p);
+            buffers.push(EmuBuffer {
+                name: t.name.clone(),
+                shape,
+                bytes,
+            });
+            poisons.push(p);
+        }
+        Ok(Prepared {
+            buffers,
+            inputs,
+            poisons,
+        })
+    }
+
+    /// Every output element against the reference, with the task's tolerance for its dtype.
+    fn check(&self, task: &Task, w: &Workload, reference: reference::RefFn) -> Result<Vec<(String, Check)>, String> {
+        let backend = Backend::MlxMetal;
+        let refs = reference(&reference::RefArgs {
+            axes: w,
+            constants: &task.constants,
+            inputs: self.inputs.iter().map(|v| v.as_slice()).collect(),
+        });
+        let mut checks = Vec::new();
+        for (i, t) in task.outputs.iter().enumerate() {
+            let dt = task.dtype_on(backend, t);
+            let tol = task
+                .tolerance
+                .get(&dt)
+                .copied()
+                .unwrap_or(ksearch_core::task::Tolerance { atol: 1e-5, rtol: 1e-4 });
+            let out = &self.buffers[task.inputs.len() + i].bytes;
+            let r = refs
+                .get(i)
+                .ok_or_else(|| format!("the reference gave no output `{}`", t.name))?;
+            checks.push((t.name.clone(), data::check_with_poison(out, dt, r, tol, &self.poisons[i])));
+        }
+        Ok(checks)
+    }
+}
+
+fn builtin_reference(task: &Task) -> Result<reference::RefFn, String> {
+    let name = task
+        .reference
+        .name()
+        .ok_or_else(|| format!("task `{}`: the executor checks against built-in references only", task.name))?;
+    reference::lookup(name).ok_or_else(|| format!("unknown reference `{name}`"))
+}
+
+/// Run a whole Metal file (one `[[kernel]]` function) on workload `w` of `task`: its pointer
+/// parameters bound to the task's tensors of the same names, its `constant T&` parameters to the
+/// axes of the same names; `grid` (threads) and `threadgroup` are expressions over the axes.
+pub fn emulate_file(
+    task: &Task,
+    src: &str,
+    grid: &[String; 3],
+    threadgroup: &[String; 3],
+    w: &Workload,
+    seed: u64,
+    limit: Duration,
+) -> Result<EmuOutcome, String> {
+    let reference = builtin_reference(task)?;
+    let eval = |e: &str, what: &str| -> Result<u32, String> {
+        let v = expr::eval_i64(e, w).map_err(|err| format!("{what} `{e}`: {err}"))?;
+        u32::try_from(v)
+            .ok()
+            .filter(|v| *v > 0)
+            .ok_or_else(|| format!("{what} `{e}` = {v}"))
+    };
+    let launch = EmuLaunch {
+        entry: "kernel".into(),
+        grid: [eval(&grid[0], "grid")?, eval(&grid[1], "grid")?, eval(&grid[2], "grid")?],
+        threadgroup: [
+            eval(&threadgroup[0], "threadgroup")?,
+            eval(&threadgroup[1], "threadgroup")?,
+            eval(&threadgroup[2], "threadgroup")?,
+        ],
+    };
+    let mut run = Prepared::new(task, w, seed)?;
+    metal_run_file(src, &launch, &mut run.buffers, w, limit)?;
+    Ok(EmuOutcome {
+        config: BTreeMap::new(),
+        checks: run.check(task, w, reference)?,
+    })
 }

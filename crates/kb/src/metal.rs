@@ -2,6 +2,7 @@
 //! with the shim in `kb/metal-shim/`, which models Metal's address spaces, attributes, types and
 //! built-ins. MLX bodies are wrapped into a kernel the way MLX's `metal_kernel` does it.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
@@ -279,14 +280,184 @@ pub fn metal_run(
     buffers: &mut [EmuBuffer],
     limit: std::time::Duration,
 ) -> Result<(), String> {
-    let cxx = find_cxx().ok_or_else(|| "no C++ compiler found (install clang++ or g++, or set KSEARCH_CXX)".to_string())?;
-    let dir = shim_dir()?;
     let sectioned = ksearch_core::mlx::has_sections(src);
     let mut sig = sig.clone();
     sig.header = threadgroup_storage(&sig.header, 1_000_000);
     let (text, _) = shim_text(&threadgroup_storage(src, 0), Some(&sig));
+    let mut calls = Vec::new();
+    for l in launches {
+        calls.push(body_call(&sig, sectioned, l, buffers)?);
+    }
+    execute(&text, &calls, launches, buffers, limit)
+}
+
+/// Run a whole Metal file (one `[[kernel]]` function with `[[buffer(i)]]` parameters) like
+/// [`metal_run`]: pointer parameters are bound to the buffers of the same name, `constant T&`
+/// parameters to `scalars` of the same name, position parameters to the threads' positions.
+pub fn metal_run_file(
+    src: &str,
+    launch: &EmuLaunch,
+    buffers: &mut [EmuBuffer],
+    scalars: &BTreeMap<String, i64>,
+    limit: std::time::Duration,
+) -> Result<(), String> {
+    let (name, params) = kernel_signature(src)?;
+    let mut decls = String::new();
+    let mut args = Vec::new();
+    for (i, p) in params.iter().enumerate() {
+        args.push(match &p.attr {
+            ParamAttr::Buffer if p.ty.contains('*') => {
+                let b = buffers
+                    .iter()
+                    .position(|b| b.name == p.name)
+                    .ok_or_else(|| format!("kernel parameter `{}` ({}) matches no tensor of the task", p.name, p.ty))?;
+                format!("({})ks_buf[{b}]", p.ty)
+            }
+            ParamAttr::Buffer => {
+                let v = scalars
+                    .get(&p.name)
+                    .ok_or_else(|| format!("kernel parameter `{}` ({}) matches no axis of the task", p.name, p.ty))?;
+                let t = p.ty.replace('&', "");
+                decls.push_str(&format!("static {t} ks_scalar{i} = {v};\n"));
+                format!("ks_scalar{i}")
+            }
+            ParamAttr::Builtin(b) => {
+                let width = BUILTINS.iter().find(|(n, _)| n == b).map(|(_, w)| *w).ok_or_else(|| {
+                    format!(
+                        "kernel parameter `{}`: attribute [[{b}]] is not modelled by the executor",
+                        p.name
+                    )
+                })?;
+                let t = p.ty.trim();
+                let comps = t.chars().last().and_then(|c| c.to_digit(10)).unwrap_or(1);
+                match (width, comps) {
+                    (1, 1) => format!("{t}({b})"),
+                    (3, 1) => format!("{t}({b}.x)"),
+                    (3, 2) => format!("{t}({b}.x, {b}.y)"),
+                    (3, 3) => format!("{t}({b}.x, {b}.y, {b}.z)"),
+                    _ => return Err(format!("kernel parameter `{}`: type `{t}` for [[{b}]]", p.name)),
+                }
+            }
+            ParamAttr::Other(a) => {
+                return Err(format!(
+                    "kernel parameter `{}`: attribute [[{a}]] is not modelled by the executor",
+                    p.name
+                ));
+            }
+        });
+    }
+    let text = format!(
+        "#include <metal_stdlib>\n#line 1 \"source.metal\"\n{}\n#line 1 \"bindings.cpp\"\nnamespace {{\nextern void* ks_buf[];\n{decls}}}\n",
+        threadgroup_storage(&rewrite(src), 0)
+    );
+    execute(
+        &text,
+        &[format!("{name}({})", args.join(", "))],
+        std::slice::from_ref(launch),
+        buffers,
+        limit,
+    )
+}
+
+/// The position attributes the executor provides: name, components (1 or 3).
+const BUILTINS: &[(&str, u32)] = &[
+    ("thread_position_in_grid", 3),
+    ("threads_per_grid", 3),
+    ("thread_position_in_threadgroup", 3),
+    ("threads_per_threadgroup", 3),
+    ("threadgroup_position_in_grid", 3),
+    ("threadgroups_per_grid", 3),
+    ("dispatch_threads_per_threadgroup", 3),
+    ("thread_index_in_threadgroup", 1),
+    ("thread_index_in_simdgroup", 1),
+    ("simdgroup_index_in_threadgroup", 1),
+    ("simdgroups_per_threadgroup", 1),
+    ("threads_per_simdgroup", 1),
+    ("thread_execution_width", 1),
+];
+
+enum ParamAttr {
+    Buffer,
+    Builtin(String),
+    Other(String),
+}
+
+struct Param {
+    ty: String,
+    name: String,
+    attr: ParamAttr,
+}
+
+/// The kernel function of a whole Metal file: its name and parameters (type, name, attribute).
+fn kernel_signature(src: &str) -> Result<(String, Vec<Param>), String> {
+    let head = crate::cached_regex(r"(?s)(?:\[\[\s*kernel[^\]]*\]\]|\bkernel)\s+void\s+([A-Za-z_]\w*)\s*\(");
+    let m = head
+        .captures(src)
+        .ok_or("no kernel function found (`[[kernel]] void name(...)` or `kernel void name(...)`)")?;
+    let name = m[1].to_string();
+    let start = m.get(0).map(|x| x.end()).unwrap_or(0);
+    let (mut depth, mut end) = (1, None);
+    for (i, ch) in src[start..].char_indices() {
+        match ch {
+            '(' | '[' => depth += 1,
+            ')' | ']' => {
+                depth -= 1;
+                if depth == 0 {
+                    end = Some(start + i);
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let list = &src[start..end.ok_or("the kernel's parameter list is not closed")?];
+    let (mut parts, mut cur, mut d) = (Vec::new(), String::new(), 0);
+    for ch in list.chars() {
+        match ch {
+            '(' | '[' | '<' => d += 1,
+            ')' | ']' | '>' => d -= 1,
+            ',' if d == 0 => {
+                parts.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(ch);
+    }
+    parts.push(cur);
+    let param = crate::cached_regex(r"(?s)^\s*(.*?)\b([A-Za-z_]\w*)\s*\[\[\s*([A-Za-z_]\w*)\s*(?:\(([^)]*)\))?\s*\]\]\s*$");
+    let mut out = Vec::new();
+    for p in parts.iter().filter(|p| !p.trim().is_empty()) {
+        let c = param
+            .captures(p)
+            .ok_or_else(|| format!("kernel parameter `{}`: expected `type name [[attribute]]`", p.trim()))?;
+        let attr = match &c[3] {
+            "buffer" => ParamAttr::Buffer,
+            a if BUILTINS.iter().any(|(n, _)| *n == a) => ParamAttr::Builtin(a.to_string()),
+            a => ParamAttr::Other(a.to_string()),
+        };
+        out.push(Param {
+            ty: c[1].split_whitespace().collect::<Vec<_>>().join(" "),
+            name: c[2].to_string(),
+            attr,
+        });
+    }
+    Ok((name, out))
+}
+
+/// Compile `text` (the shim's execution mode) with a driver that runs `calls[j]` for every thread
+/// of launch j, and run it on `buffers`.
+fn execute(
+    text: &str,
+    calls: &[String],
+    launches: &[EmuLaunch],
+    buffers: &mut [EmuBuffer],
+    limit: std::time::Duration,
+) -> Result<(), String> {
+    let cxx = find_cxx().ok_or_else(|| "no C++ compiler found (install clang++ or g++, or set KSEARCH_CXX)".to_string())?;
+    let dir = shim_dir()?;
     let mut prog = format!("#define KS_METAL_EXEC 1\n{text}\n#line 1 \"driver.cpp\"\n");
-    prog.push_str(&driver(&sig, sectioned, launches, buffers)?);
+    prog.push_str(&driver(calls, launches, buffers)?);
     let file = dir.path().join("run.cpp");
     write(&file, &prog)?;
     let exe = dir.path().join("run");
@@ -353,15 +524,65 @@ pub fn metal_run(
     Ok(())
 }
 
-/// The executor's `main` for these launches: buffers from files (each ending at a guard page),
-/// every threadgroup of every launch run in turn, buffers written back.
-fn driver(sig: &BodySig, sectioned: bool, launches: &[EmuLaunch], buffers: &[EmuBuffer]) -> Result<String, String> {
+/// The call of an MLX body's kernel for launch `l`: buffers with their shape companions, then the
+/// position attributes in `wrap_body`'s order (the driver's locals of the same names).
+fn body_call(sig: &BodySig, sectioned: bool, l: &EmuLaunch, buffers: &[EmuBuffer]) -> Result<String, String> {
     let index = |n: &str| -> Result<usize, String> {
         buffers
             .iter()
             .position(|b| b.name == n)
             .ok_or_else(|| format!("no buffer `{n}` for the emulated run"))
     };
+    let (ins, outs) = match sig.launches.iter().find(|x| x.entry == l.entry) {
+        Some(x) => (x.inputs.clone(), x.outputs.clone()),
+        None => (sig.inputs.clone(), sig.outputs.clone()),
+    };
+    let mut args = Vec::new();
+    for (n, t) in &ins {
+        let i = index(n)?;
+        args.push(format!("(const {}*)ks_buf[{i}]", metal_type(t)));
+        args.push(format!("ks_shape{i}"));
+        args.push(format!("ks_strides{i}"));
+        args.push(format!("ks_ndim{i}"));
+    }
+    for (n, t) in &outs {
+        let i = index(n)?;
+        let t = metal_type(t);
+        let t = if sig.atomic_outputs {
+            format!("metal::atomic<{t}>")
+        } else {
+            t
+        };
+        args.push(format!("({t}*)ks_buf[{i}]"));
+    }
+    args.extend(
+        [
+            "thread_position_in_grid",
+            "threads_per_grid",
+            "thread_position_in_threadgroup",
+            "threads_per_threadgroup",
+            "threadgroup_position_in_grid",
+            "threadgroups_per_grid",
+            "thread_index_in_threadgroup",
+            "thread_index_in_simdgroup",
+            "simdgroup_index_in_threadgroup",
+            "simdgroups_per_threadgroup",
+            "threads_per_simdgroup",
+        ]
+        .map(String::from),
+    );
+    let name = if sectioned {
+        format!("ksearch_{}", l.entry)
+    } else {
+        "ksearch_body".to_string()
+    };
+    Ok(format!("{name}({})", args.join(", ")))
+}
+
+/// The executor's `main` for these launches: buffers from files (each ending at a guard page),
+/// every threadgroup of every launch run in turn (launch j's threads run `calls[j]` with the
+/// position attributes as locals), buffers written back.
+fn driver(calls: &[String], launches: &[EmuLaunch], buffers: &[EmuBuffer]) -> Result<String, String> {
     let mut d = String::from(
         "#include <algorithm>\n#include <csignal>\n#include <fcntl.h>\n#include <sys/stat.h>\nnamespace {\n\
          struct KsLaunch { uint grid[3], tg[3], gpos[3], size[3]; };\nKsLaunch ks_L;\n",
@@ -381,45 +602,23 @@ fn driver(sig: &BodySig, sectioned: bool, launches: &[EmuLaunch], buffers: &[Emu
             b.shape.len()
         ));
     }
-    for (j, l) in launches.iter().enumerate() {
-        let (ins, outs) = match sig.launches.iter().find(|x| x.entry == l.entry) {
-            Some(x) => (x.inputs.clone(), x.outputs.clone()),
-            None => (sig.inputs.clone(), sig.outputs.clone()),
-        };
-        let mut args = Vec::new();
-        for (n, t) in &ins {
-            let i = index(n)?;
-            args.push(format!("(const {}*)ks_buf[{i}]", metal_type(t)));
-            args.push(format!("ks_shape{i}"));
-            args.push(format!("ks_strides{i}"));
-            args.push(format!("ks_ndim{i}"));
-        }
-        for (n, t) in &outs {
-            let i = index(n)?;
-            let t = metal_type(t);
-            let t = if sig.atomic_outputs {
-                format!("metal::atomic<{t}>")
-            } else {
-                t
-            };
-            args.push(format!("({t}*)ks_buf[{i}]"));
-        }
-        let name = if sectioned {
-            format!("ksearch_{}", l.entry)
-        } else {
-            "ksearch_body".to_string()
-        };
+    for (j, call) in calls.iter().enumerate() {
         d.push_str(&format!(
             "void ks_thread{j}(int i) {{\n  const KsLaunch& L = ks_L;\n\
-             const uint3 tpt(uint(i) % L.size[0], uint(i) / L.size[0] % L.size[1], uint(i) / (L.size[0] * L.size[1]));\n\
-             const uint3 tgp(L.gpos[0], L.gpos[1], L.gpos[2]);\n\
+             const uint3 thread_position_in_threadgroup(uint(i) % L.size[0], uint(i) / L.size[0] % L.size[1], uint(i) / (L.size[0] * L.size[1]));\n\
+             const uint3 threadgroup_position_in_grid(L.gpos[0], L.gpos[1], L.gpos[2]);\n\
+             const uint3 thread_position_in_grid(L.gpos[0] * L.tg[0] + thread_position_in_threadgroup.x, \
+             L.gpos[1] * L.tg[1] + thread_position_in_threadgroup.y, L.gpos[2] * L.tg[2] + thread_position_in_threadgroup.z);\n\
+             const uint3 threads_per_grid(L.grid[0], L.grid[1], L.grid[2]);\n\
+             const uint3 threads_per_threadgroup(L.size[0], L.size[1], L.size[2]);\n\
+             const uint3 dispatch_threads_per_threadgroup(L.tg[0], L.tg[1], L.tg[2]);\n\
+             const uint3 threadgroups_per_grid((L.grid[0] + L.tg[0] - 1) / L.tg[0], (L.grid[1] + L.tg[1] - 1) / L.tg[1], (L.grid[2] + L.tg[2] - 1) / L.tg[2]);\n\
              const uint n = L.size[0] * L.size[1] * L.size[2];\n\
-             {name}({}{}uint3(tgp.x * L.tg[0] + tpt.x, tgp.y * L.tg[1] + tpt.y, tgp.z * L.tg[2] + tpt.z), \
-             uint3(L.grid[0], L.grid[1], L.grid[2]), tpt, uint3(L.size[0], L.size[1], L.size[2]), tgp, \
-             uint3((L.grid[0] + L.tg[0] - 1) / L.tg[0], (L.grid[1] + L.tg[1] - 1) / L.tg[1], (L.grid[2] + L.tg[2] - 1) / L.tg[2]), \
-             uint(i), uint(i) % 32u, uint(i) / 32u, (n + 31u) / 32u, 32u);\n}}\n",
-            args.join(", "),
-            if args.is_empty() { "" } else { ", " },
+             const uint thread_index_in_threadgroup = uint(i), thread_index_in_simdgroup = uint(i) % 32u;\n\
+             const uint simdgroup_index_in_threadgroup = uint(i) / 32u, simdgroups_per_threadgroup = (n + 31u) / 32u;\n\
+             const uint threads_per_simdgroup = 32u, thread_execution_width = 32u;\n\
+             (void)dispatch_threads_per_threadgroup; (void)thread_execution_width;\n\
+             {call};\n}}\n"
         ));
     }
     d.push_str(

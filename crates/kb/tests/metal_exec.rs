@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use ksearch_kb::{BodySig, EmuBuffer, EmuLaunch, emulate_kernel, emulate_workloads, find_cxx, metal_run};
+use ksearch_kb::{BodySig, EmuBuffer, EmuLaunch, emulate_file, emulate_kernel, emulate_workloads, find_cxx, metal_run};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -258,4 +258,30 @@ fn every_task_metal_kernel_computes_its_reference() {
         ran + bad.len(),
         bad.join("\n")
     );
+}
+
+#[test]
+fn a_whole_metal_file_runs_with_its_buffers_bound_by_name() {
+    need_cxx();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let task = ksearch_core::task::find(&root.join("tasks"), "softmax").unwrap();
+    let src = std::fs::read_to_string(root.join("kb/examples/softmax_rows.metal")).unwrap();
+    let grid = ["rows * 256".to_string(), "1".into(), "1".into()];
+    let tg = ["256".to_string(), "1".into(), "1".into()];
+    for (rows, cols) in [(3, 1001), (5, 64), (2, 4096)] {
+        let w: BTreeMap<String, i64> = [("rows".to_string(), rows), ("cols".to_string(), cols)].into();
+        let o = emulate_file(&task, &src, &grid, &tg, &w, 7, LIMIT).unwrap();
+        assert!(o.passed(), "{rows}x{cols}: {}", o.summary());
+    }
+    // A threadgroup of 128 leaves half the partial sums unwritten (the kernel assumes 256):
+    // the executor's NaN threadgroup memory shows it.
+    let small = ["128".to_string(), "1".into(), "1".into()];
+    let grid128 = ["rows * 128".to_string(), "1".into(), "1".into()];
+    let w: BTreeMap<String, i64> = [("rows".to_string(), 3), ("cols".to_string(), 1001)].into();
+    let o = emulate_file(&task, &src, &grid128, &small, &w, 7, LIMIT).unwrap();
+    assert!(!o.passed(), "{}", o.summary());
+    // A parameter that names no tensor or axis is an error before anything runs.
+    let renamed = src.replace("device float* y [[buffer(1)]]", "device float* out [[buffer(1)]]");
+    let e = emulate_file(&task, &renamed, &grid, &tg, &w, 7, LIMIT).unwrap_err();
+    assert!(e.contains("`out`") && e.contains("no tensor"), "{e}");
 }
