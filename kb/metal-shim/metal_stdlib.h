@@ -9,7 +9,8 @@
 // (device vs threadgroup pointers are not told apart).
 // Execution mode (KS_METAL_EXEC): half and bfloat are 16-bit storage rounded to
 // nearest even; a threadgroup's threads are cooperatively scheduled fibers; barriers and SIMD-group
-// functions are rendezvous of the threads (or lanes) that have not returned; threadgroup memory is
+// functions are rendezvous of the threads (or lanes) that have not returned, and lanes that
+// diverge to different SIMD-group calls take them one path after the other; threadgroup memory is
 // a 32 KB arena per threadgroup, filled with NaN bytes before each one; a simdgroup_matrix holds
 // its whole 8x8 matrix in every lane (a store writes the lane's two elements). Arithmetic on half
 // runs in float and rounds on assignment.
@@ -414,9 +415,6 @@ namespace ks {
   _exit(3);
 }
 enum : int { RUN = 0, AT_TG = 1, AT_SIMD = 2, DONE = 3 };
-// A SIMD-group function's call site (its line in the kernel, and the function): lanes must reach
-// the same one.
-enum : int { OP_NONE = 0 };
 constexpr int SIMD = 32;
 constexpr size_t TG_BYTES = 32768;  // Apple GPUs' threadgroup memory
 constexpr size_t STACK = 256 * 1024;  // per thread; a deeper stack faults on its guard page
@@ -424,17 +422,29 @@ struct Lane {
   ucontext_t ctx;
   int state;
 };
+// What the lanes of one call of a SIMD-group function deposited (`mask`: the lanes that took
+// part); each participant reads it until its next SIMD-group function.
+struct Snap {
+  unsigned mask;
+  int refs;
+  alignas(16) unsigned char v[SIMD][64];
+};
 struct SimdGroup {
-  int waiting = 0;
-  unsigned gen = 0;
-  unsigned mask[2] = {0, 0};
-  int kind[2] = {OP_NONE, OP_NONE};
-  alignas(16) unsigned char slot[2][SIMD][64];
+  int waiting;      // lanes blocked at a SIMD-group function
+  int site[SIMD];   // the call site (line in the kernel and function) a waiting lane is at; 0: none
+  int held[SIMD];   // the snapshot a lane reads; -1: none
+  alignas(16) unsigned char val[SIMD][64];
+  Snap snaps[SIMD + 1];
+  void reset() {
+    waiting = 0;
+    for (int l = 0; l < SIMD; l++) site[l] = 0, held[l] = -1;
+    for (auto& x : snaps) x.refs = 0;
+  }
 };
 struct Group {
   int n = 0, live = 0, cur = 0, tg_waiting = 0;
   std::vector<Lane> lanes;
-  std::vector<SimdGroup> sgs;
+  std::vector<SimdGroup> sgs;  // grown only: their buffers are not cleared per threadgroup
   std::vector<char*> stacks;
   ucontext_t sched;
   void (*body_fn)(int) = nullptr;
@@ -469,16 +479,44 @@ inline int live_in(int sg) {
   for (int i = sg * SIMD; i < g.n && i < (sg + 1) * SIMD; i++) c += g.lanes[i].state != DONE;
   return c;
 }
-// Completes SIMD-group sg's pending function: its waiting lanes run again.
-inline void simd_release(int sg) {
+// The call at `site` of SIMD-group sg completes for the lanes waiting there: they read a
+// snapshot of their deposits and run again.
+inline void simd_complete(int sg, int site) {
   Group& g = G();
   SimdGroup& s = g.sgs[sg];
-  for (int i = sg * SIMD; i < g.n && i < (sg + 1) * SIMD; i++)
-    if (g.lanes[i].state == AT_SIMD) g.lanes[i].state = RUN;
-  s.waiting = 0;
-  s.gen++;
-  s.mask[s.gen & 1] = 0;
-  s.kind[s.gen & 1] = OP_NONE;
+  int k = 0;
+  while (s.snaps[k].refs > 0) k++;  // at most one snapshot per lane is held: one is free
+  Snap& sn = s.snaps[k];
+  sn.mask = 0;
+  for (int l = 0; l < SIMD; l++) {
+    if (s.site[l] != site) continue;
+    sn.mask |= 1u << l;
+    __builtin_memcpy(sn.v[l], s.val[l], 64);
+    s.site[l] = 0;
+    s.held[l] = k;
+    s.waiting--;
+    Lane& lane = g.lanes[sg * SIMD + l];
+    if (lane.state == AT_SIMD) lane.state = RUN;
+  }
+  sn.refs = __builtin_popcount(sn.mask);
+}
+// Complete sg's pending call if every lane that has not returned waits at it.
+inline bool simd_try_complete(int sg) {
+  SimdGroup& s = G().sgs[sg];
+  if (s.waiting == 0 || s.waiting != live_in(sg)) return false;
+  int site = 0;
+  for (int l = 0; l < SIMD; l++) {
+    if (s.site[l] == 0) continue;
+    if (site != 0 && s.site[l] != site) return false;  // lanes at different calls: resolved when nothing else can run
+    site = s.site[l];
+  }
+  simd_complete(sg, site);
+  return true;
+}
+inline void simd_drop(int sg, int l) {
+  SimdGroup& s = G().sgs[sg];
+  if (s.held[l] >= 0) s.snaps[s.held[l]].refs--;
+  s.held[l] = -1;
 }
 inline void tg_release() {
   Group& g = G();
@@ -495,27 +533,24 @@ inline void tg_barrier() {
   g.tg_waiting++;
   block(AT_TG);
 }
-// Every lane of the SIMD-group that has not returned deposits `v` and waits for the others; then
-// each reads the deposits (`mask`: the lanes that took part) of this call.
-inline const unsigned char (*collect(const void* v, size_t n, int kind, unsigned& mask, int& lane))[64] {
+// A SIMD-group function: the lane deposits `v` and waits until its call completes, for every
+// lane of the SIMD-group that has not returned when they all reach it, else (divergent lanes,
+// once nothing else can run) for the lanes at the same call (`site`: its line in the kernel and
+// the function), as the GPU runs divergent paths one after the other. Returns the deposits;
+// `mask`: the lanes that took part.
+inline const unsigned char (*collect(const void* v, size_t n, int site, unsigned& mask, int& lane))[64] {
   Group& g = G();
   const int i = g.cur, sg = i / SIMD;
   lane = i % SIMD;
   SimdGroup& s = g.sgs[sg];
-  const unsigned buf = s.gen & 1;
-  if (s.kind[buf] != OP_NONE && s.kind[buf] != kind)
-    fail("lanes of one SIMD-group reached different SIMD-group function calls (divergent control flow; the executor needs every lane that has not returned at the same call)");
-  s.kind[buf] = kind;
-  __builtin_memcpy(s.slot[buf][lane], v, n);
-  s.mask[buf] |= 1u << lane;
-  if (s.waiting + 1 == live_in(sg)) {
-    simd_release(sg);
-  } else {
-    s.waiting++;
-    block(AT_SIMD);
-  }
-  mask = s.mask[buf];
-  return s.slot[buf];
+  simd_drop(sg, lane);
+  s.site[lane] = site != 0 ? site : 1;
+  __builtin_memcpy(s.val[lane], v, n);
+  s.waiting++;
+  if (!simd_try_complete(sg)) block(AT_SIMD);
+  const Snap& sn = s.snaps[s.held[lane]];
+  mask = sn.mask;
+  return sn.v;
 }
 template <class T> T poisoned() {
   T t;
@@ -534,7 +569,8 @@ inline void trampoline(int idx) {
   g.lanes[idx].state = DONE;
   g.live--;
   const int sg = idx / SIMD;
-  if (g.sgs[sg].waiting > 0 && g.sgs[sg].waiting == live_in(sg)) simd_release(sg);
+  simd_drop(sg, idx % SIMD);
+  simd_try_complete(sg);
   if (g.tg_waiting > 0 && g.tg_waiting == g.live) tg_release();
   setcontext(&g.sched);
 }
@@ -553,7 +589,9 @@ inline void run_group(int n, void (*fn)(int)) {
   g.tg_waiting = 0;
   g.body_fn = fn;
   g.lanes.assign(n, Lane());
-  g.sgs.assign((n + SIMD - 1) / SIMD, SimdGroup());
+  const size_t nsg = (n + SIMD - 1) / SIMD;
+  if (g.sgs.size() < nsg) g.sgs.resize(nsg);
+  for (size_t k = 0; k < nsg; k++) g.sgs[k].reset();
   g.used = 0;
   g.decls.clear();
   __builtin_memset(g.mem, 0xff, TG_BYTES);  // NaN: threadgroup memory is not initialised
@@ -574,10 +612,22 @@ inline void run_group(int n, void (*fn)(int)) {
       g.cur = i;
       swapcontext(&g.sched, &g.lanes[i].ctx);
     }
-    if (!ran) {
-      fail(g.tg_waiting > 0 ? "deadlock: threads wait at threadgroup_barrier while others of the threadgroup wait at a SIMD-group function"
-                            : "deadlock: lanes wait at a SIMD-group function that others never reach");
+    if (ran) continue;
+    // Nothing can run: the lanes of a SIMD-group wait at different calls (divergent paths).
+    // Complete, per SIMD-group, the call its lowest waiting lane is at, as the GPU runs one
+    // path after the other; the others follow on later passes.
+    bool resolved = false;
+    for (size_t k = 0; k * SIMD < (size_t)n; k++) {
+      SimdGroup& s = g.sgs[k];
+      if (s.waiting == 0) continue;
+      for (int l = 0; l < SIMD; l++)
+        if (s.site[l] != 0) {
+          simd_complete((int)k, s.site[l]);
+          resolved = true;
+          break;
+        }
     }
+    if (!resolved) fail("deadlock: threads wait at threadgroup_barrier that others never reach");
   }
 }
 }  // namespace ks

@@ -270,9 +270,9 @@ fn threadgroup_storage(src: &str, first_id: usize) -> String {
 /// Run a Metal source (an MLX body file, `sig` giving its buffers and template constants) on the
 /// CPU with the shim's executor: every launch in order over `buffers`, each threadgroup's
 /// threads as fibers (see `kb/metal-shim/metal_stdlib.h`). Outputs and scratch are read back
-/// into `buffers`. `Err`: the compiler's diagnostics, the executor's one-line reason (a
-/// deadlock, SIMD-group functions reached by divergent lanes, threadgroup memory over 32 KB, a
-/// memory fault past a buffer's end) or the time limit.
+/// into `buffers`. `Err`: the compiler's diagnostics, the executor's one-line reason
+/// (threadgroup memory over 32 KB, a memory fault past a buffer's end or in a thread's stack) or
+/// the time limit.
 pub fn metal_run(
     src: &str,
     sig: &BodySig,
