@@ -774,6 +774,14 @@ impl Task {
         Ok(())
     }
 
+    /// The tolerance outputs of `dtype` are checked with: the task's, else atol 1e-5, rtol 1e-4.
+    pub fn tolerance_of(&self, dtype: DType) -> Tolerance {
+        self.tolerance
+            .get(&dtype)
+            .copied()
+            .unwrap_or(Tolerance { atol: 1e-5, rtol: 1e-4 })
+    }
+
     pub fn backend(&self, b: crate::Backend) -> Option<&BackendSpec> {
         self.backends.get(b.name())
     }

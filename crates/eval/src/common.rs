@@ -136,11 +136,7 @@ pub fn check_outputs_with(
     let mut msg = None;
     for (i, ((spec, out), r)) in task.outputs.iter().zip(outputs).zip(refs).enumerate() {
         let dt = task.dtype_on(backend, spec);
-        let tol = task
-            .tolerance
-            .get(&dt)
-            .copied()
-            .unwrap_or(ksearch_core::task::Tolerance { atol: 1e-5, rtol: 1e-4 });
+        let tol = task.tolerance_of(dt);
         let c = check(i, out, r, tol);
         if !c.passed() && msg.is_none() {
             let (i, got, want) = c.first_bad.clone().unwrap_or((0, "?".into(), "?".into()));

@@ -170,11 +170,7 @@ impl Prepared {
         let mut checks = Vec::new();
         for (i, t) in task.outputs.iter().enumerate() {
             let dt = task.dtype_on(backend, t);
-            let tol = task
-                .tolerance
-                .get(&dt)
-                .copied()
-                .unwrap_or(ksearch_core::task::Tolerance { atol: 1e-5, rtol: 1e-4 });
+            let tol = task.tolerance_of(dt);
             let out = &self.buffers[task.inputs.len() + i].bytes;
             let r = refs
                 .get(i)

@@ -47,6 +47,21 @@ fn metal_type(dtype: &str) -> String {
     .to_string()
 }
 
+/// The position attributes of the kernel MLX builds around a body, in order, with their types.
+const MLX_ATTRS: [(&str, &str); 11] = [
+    ("thread_position_in_grid", "uint3"),
+    ("threads_per_grid", "uint3"),
+    ("thread_position_in_threadgroup", "uint3"),
+    ("threads_per_threadgroup", "uint3"),
+    ("threadgroup_position_in_grid", "uint3"),
+    ("threadgroups_per_grid", "uint3"),
+    ("thread_index_in_threadgroup", "uint"),
+    ("thread_index_in_simdgroup", "uint"),
+    ("simdgroup_index_in_threadgroup", "uint"),
+    ("simdgroups_per_threadgroup", "uint"),
+    ("threads_per_simdgroup", "uint"),
+];
+
 /// The Metal kernel MLX would build around `body`: inputs as `const device T*` with their
 /// `_shape`/`_strides`/`_ndim` companions, outputs as `device T*`, template parameters as
 /// constants and every thread-position attribute under its own name. A `#line` directive keeps
@@ -75,24 +90,8 @@ pub fn wrap_body(body: &str, sig: &BodySig) -> String {
         params.push(format!("device {t}* {n} [[buffer({slot})]]"));
         slot += 1;
     }
-    for a in [
-        "thread_position_in_grid",
-        "threads_per_grid",
-        "thread_position_in_threadgroup",
-        "threads_per_threadgroup",
-        "threadgroup_position_in_grid",
-        "threadgroups_per_grid",
-    ] {
-        params.push(format!("uint3 {a} [[{a}]]"));
-    }
-    for a in [
-        "thread_index_in_threadgroup",
-        "thread_index_in_simdgroup",
-        "simdgroup_index_in_threadgroup",
-        "simdgroups_per_threadgroup",
-        "threads_per_simdgroup",
-    ] {
-        params.push(format!("uint {a} [[{a}]]"));
+    for (a, t) in MLX_ATTRS {
+        params.push(format!("{t} {a} [[{a}]]"));
     }
     s.push_str("[[kernel]] void ksearch_body(\n    ");
     s.push_str(&params.join(",\n    "));
@@ -555,22 +554,7 @@ fn body_call(sig: &BodySig, sectioned: bool, l: &EmuLaunch, buffers: &[EmuBuffer
         };
         args.push(format!("({t}*)ks_buf[{i}]"));
     }
-    args.extend(
-        [
-            "thread_position_in_grid",
-            "threads_per_grid",
-            "thread_position_in_threadgroup",
-            "threads_per_threadgroup",
-            "threadgroup_position_in_grid",
-            "threadgroups_per_grid",
-            "thread_index_in_threadgroup",
-            "thread_index_in_simdgroup",
-            "simdgroup_index_in_threadgroup",
-            "simdgroups_per_threadgroup",
-            "threads_per_simdgroup",
-        ]
-        .map(String::from),
-    );
+    args.extend(MLX_ATTRS.iter().map(|(a, _)| a.to_string()));
     let name = if sectioned {
         format!("ksearch_{}", l.entry)
     } else {
