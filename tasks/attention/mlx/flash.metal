@@ -1,9 +1,11 @@
 // FlashAttention-2 forward, MLX Metal dialect (re-tiled from tasks/attention/mlx/flash.cu for
 // Apple's 32 KB of threadgroup memory). One threadgroup per (BQ = 8 * NSG query rows, batch*head);
 // each SIMD-group owns 8 query rows and keeps Q (8 x D) and the output accumulator O (8 x D) in
-// simdgroup_float8x8 registers. K/V tiles of BK keys are converted to f32 in threadgroup memory
-// (simdgroup_load needs the matrix element type: f32 for f32 accumulation); S = Q K^T and O += P V
-// are 8x8x8 simdgroup_multiply_accumulate products.
+// simdgroup_float8x8 registers. K/V tiles of BK keys are kept in threadgroup memory as f32 (KH = 0)
+// or as the f16 they are loaded as (KH = 1: half the bytes, so BK 32 fits at D 128; the products
+// then take half K and V matrices with f32 Q, P and accumulators, as Metal's mixed-precision
+// simdgroup_multiply_accumulate allows); S = Q K^T and O += P V are 8x8x8
+// simdgroup_multiply_accumulate products.
 //
 // The online softmax does not depend on the (unspecified) lane layout of simdgroup matrices: S is
 // stored to a per-SIMD-group scratch, each row is handled by the 4 lanes of a quad (simd_shuffle_xor
@@ -14,33 +16,40 @@
 // skips the tiles past its last row, and only tiles crossing the diagonal are masked.
 // KT = 1 stores the K tile transposed (d-major) so that K^T blocks load without a transpose;
 // KT = 0 stores it key-major and loads with simdgroup_load's transpose flag.
-// Threadgroup memory: 4 * (K tile + V tile + NSG * 8 * BK + NSG * 64) bytes; the Q tile at the
-// start and the O tile at the end reuse the K/V space. Tunables: BK, NSG, KT.
+// Threadgroup memory: (4 - 2 KH) * (K tile + V tile) + 4 * (NSG * 8 * BK + NSG * 64) bytes; the
+// f32 Q tile at the start and O tile at the end reuse the K/V space. Tunables: BK, NSG, KT, KH.
 // Any L: ceil(L / BQ) threadgroups per head, rows and keys past L are zero in threadgroup memory,
 // scores of keys past L are -inf, rows past L are not stored. Grouped-query heads: query head h
 // reads key/value head h / (H / Hkv) (k, v: [B, Hkv, L, D]).
 
+// The element type of the K/V tiles (KH is a template parameter of the body, so the header's
+// helper takes it as an argument).
+template <int KH_> struct ks_kv_t { typedef float type; };
+template <> struct ks_kv_t<1> { typedef half type; };
+
 // @kernel attention
 constexpr int BQ = 8 * NSG;
 constexpr int NT = 32 * NSG;
-constexpr int VS = D + 4;                       // V tile row stride (floats)
+typedef typename ks_kv_t<KH>::type KVT;         // f32 or f16 K/V tiles
+constexpr int VS = D + 4;                       // V tile row stride (elements)
 constexpr int KS = KT ? BK + 4 : D + 4;         // K tile row stride: [d][key] or [key][d]
 constexpr int KSZ = KT ? D * KS : BK * KS;
 constexpr int VSZ = BK * VS;
-constexpr int TOT = KSZ + VSZ + NSG * 8 * BK + NSG * 64;
+constexpr int KVF = (KSZ + VSZ) * int(sizeof(KVT)) / 4;  // the K/V space in floats
+constexpr int TOT = KVF + NSG * 8 * BK + NSG * 64;
 static_assert(D % 8 == 0 && BK % 8 == 0 && H % Hkv == 0, "tile shape, head groups");
 constexpr int NTK = (L + BK - 1) / BK;  // key tiles; the last one may be partial
 constexpr int NQB = (L + BQ - 1) / BQ;  // query tiles
-static_assert(BQ * D <= KSZ + VSZ, "the Q and O tiles reuse the K/V space");
+static_assert(BQ * D <= KVF, "the Q and O tiles reuse the K/V space");
 threadgroup float tgm[TOT];
-threadgroup float* Ks = tgm;
-threadgroup float* Vs = tgm + KSZ;
+threadgroup KVT* Ks = reinterpret_cast<threadgroup KVT*>(tgm);
+threadgroup KVT* Vs = Ks + KSZ;
 threadgroup float* Qs = tgm;  // [BQ][D], before the first K/V tile and again (as O) after the last
 const uint tid = thread_position_in_threadgroup.x;
 const uint lane = thread_index_in_simdgroup;
 const uint sg = simdgroup_index_in_threadgroup;
-threadgroup float* Ss = tgm + KSZ + VSZ + sg * 8 * BK;    // this SIMD-group's S/P scratch, [8][BK]
-threadgroup float* Dg = tgm + KSZ + VSZ + NSG * 8 * BK + sg * 64;  // its 8x8 diagonal
+threadgroup float* Ss = tgm + KVF + sg * 8 * BK;    // this SIMD-group's S/P scratch, [8][BK]
+threadgroup float* Dg = tgm + KVF + NSG * 8 * BK + sg * 64;  // its 8x8 diagonal
 const uint bh = threadgroup_position_in_grid.y;
 const uint kvh = (bh / H) * Hkv + (bh % H) / (H / Hkv);  // the key/value head of this query head
 const int mb = causal ? NQB - 1 - int(threadgroup_position_in_grid.x) : int(threadgroup_position_in_grid.x);
@@ -73,13 +82,13 @@ float mrow = -INFINITY, lpart = 0.0f;
 
 for (int t = 0; t < nt; t++) {
     const int n0 = t * BK;
-    // K/V tile of BK keys -> f32 threadgroup memory (half4 device loads; keys past L are zero)
+    // K/V tile of BK keys -> threadgroup memory (half4 device loads; keys past L are zero)
     for (int e = int(tid); e < BK * D / 4; e += NT) {
         const int r = e / (D / 4), c = (e % (D / 4)) * 4;
         const bool ok = n0 + r < L;
         const ulong g = kvbase + ulong(ok ? n0 + r : 0) * D + c;
-        const float4 kv = ok ? float4(*reinterpret_cast<const device half4*>(k + g)) : float4(0.0f);
-        const float4 vv = ok ? float4(*reinterpret_cast<const device half4*>(v + g)) : float4(0.0f);
+        const vec<KVT, 4> kv = ok ? vec<KVT, 4>(*reinterpret_cast<const device half4*>(k + g)) : vec<KVT, 4>(KVT(0.0f));
+        const vec<KVT, 4> vv = ok ? vec<KVT, 4>(*reinterpret_cast<const device half4*>(v + g)) : vec<KVT, 4>(KVT(0.0f));
         if (KT) {
             Ks[c * KS + r] = kv.x; Ks[(c + 1) * KS + r] = kv.y; Ks[(c + 2) * KS + r] = kv.z; Ks[(c + 3) * KS + r] = kv.w;
         } else {
@@ -93,7 +102,7 @@ for (int t = 0; t < nt; t++) {
         for (int kb = 0; kb < BK / 8; kb++) {
             simdgroup_float8x8 sacc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
             for (int i = 0; i < D / 8; i++) {
-                simdgroup_float8x8 kt;
+                simdgroup_matrix<KVT, 8, 8> kt;
                 if (KT) simdgroup_load(kt, Ks + (i * 8) * KS + kb * 8, KS);
                 else simdgroup_load(kt, Ks + (kb * 8) * KS + i * 8, KS, ulong2(0, 0), true);
                 simdgroup_multiply_accumulate(sacc, qm[i], kt, sacc);
@@ -148,7 +157,7 @@ for (int t = 0; t < nt; t++) {
             simdgroup_float8x8 pm;
             simdgroup_load(pm, Ss + kb * 8, BK);
             for (int i = 0; i < D / 8; i++) {
-                simdgroup_float8x8 vm;
+                simdgroup_matrix<KVT, 8, 8> vm;
                 simdgroup_load(vm, Vs + (kb * 8) * VS + i * 8, VS);
                 simdgroup_multiply_accumulate(om[i], pm, vm, om[i]);
             }
