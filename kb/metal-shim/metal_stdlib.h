@@ -17,6 +17,9 @@
 // Names and signatures follow Apple's Metal Shading Language Specification.
 #ifndef KSEARCH_METAL_SHIM_H
 #define KSEARCH_METAL_SHIM_H
+#if defined(KS_METAL_EXEC) && defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 600  // ucontext on macOS: before any system header
+#endif
 
 #include <cstddef>
 #include <cstdint>
