@@ -90,6 +90,41 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
             crate::kb_cmd::run(k, tasks)
         }
         Cmd::NvrtcCheck { task, arch, max_configs } => nvrtc_check(g, task.as_deref(), &arch, max_configs),
+        Cmd::Translate {
+            task,
+            kernel,
+            from,
+            like,
+            output,
+            rounds,
+            timeout,
+            model,
+            base_url,
+            api_key_env,
+        } => {
+            let fc = file_config(g)?;
+            let dir = tasks_dir(g, &fc)?;
+            let kb = load_kb(kb_dir(g, &fc).as_deref())
+                .context("no knowledge base found (give --kb-dir or run from the repository)")?;
+            let mut llm = fc.llm.as_ref().map(serde_json::to_value).transpose()?;
+            let flags = LlmFlags {
+                model,
+                base_url,
+                api_key_env,
+                ..Default::default()
+            };
+            ksearch_search::llm_planner::apply_flags(&mut llm, &flags)?;
+            let args = crate::translate::TranslateArgs {
+                task,
+                kernel,
+                from,
+                like,
+                out: output,
+                rounds,
+                timeout,
+            };
+            crate::translate::run(&dir, &kb, llm, &args)
+        }
     }
 }
 

@@ -9,6 +9,7 @@ mod kb_cmd;
 mod pool;
 mod report;
 mod torch_export;
+mod translate;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -200,6 +201,41 @@ enum Cmd {
     /// Knowledge base: hardware profiles, CUDA<->Metal map, patterns, static checks.
     #[command(subcommand)]
     Kb(kb_cmd::KbCmd),
+    /// Translate a task's CUDA kernel into an MLX Metal body with the LLM (the coder's model):
+    /// kept once it passes the Metal rules, the syntax check and the Metal executor on the task's
+    /// workloads (every output element against the reference); what fails goes back to the
+    /// model. Correctness only: time the result on a Mac.
+    Translate {
+        task: String,
+        /// The kernel (of --from), or `seed`.
+        #[arg(long)]
+        kernel: String,
+        /// mlx-cuda (an MLX CUDA-dialect body) or cuda; default: mlx-cuda when it has the kernel.
+        #[arg(long)]
+        from: Option<String>,
+        /// The mlx-metal kernel whose launches, tunables and constraints the translation fits;
+        /// default: the Metal kernel of the same name, else the mlx-cuda body's own.
+        #[arg(long)]
+        like: Option<String>,
+        /// Where the verified body goes (the last rejected attempt: beside it, `.rejected.metal`).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Attempts at most (each failure goes back to the model).
+        #[arg(long, default_value_t = 4)]
+        rounds: u32,
+        /// Seconds one emulated run may take.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// LLM: the model (default: the coder's of ksearch.toml's [llm]).
+        #[arg(long)]
+        model: Option<String>,
+        /// LLM: base URL of an OpenAI-compatible API.
+        #[arg(long)]
+        base_url: Option<String>,
+        /// LLM: the environment variable holding the API key (default: OPENAI_API_KEY when set).
+        #[arg(long)]
+        api_key_env: Option<String>,
+    },
     /// Compile-check every shipped CUDA kernel with NVRTC (no GPU needed).
     #[command(hide = true)]
     NvrtcCheck {

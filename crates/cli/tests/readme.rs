@@ -70,7 +70,18 @@ fn readme_shell_examples_paste_as_written() {
     let lines = sh_lines(&readme());
     assert!(lines.len() >= 15, "only {} shell lines found", lines.len());
     let subcommands = [
-        "run", "resume", "runs", "tree", "best", "export", "bench", "tasks", "log", "kb", "report",
+        "run",
+        "resume",
+        "runs",
+        "tree",
+        "best",
+        "export",
+        "bench",
+        "tasks",
+        "log",
+        "kb",
+        "report",
+        "translate",
     ];
     let mut ksearch_lines = 0;
     for l in &lines {

@@ -178,6 +178,11 @@ pub struct KernelSpec {
 }
 
 impl KernelSpec {
+    /// The kernel's name, `seed` for a back-end's seed (which has none).
+    pub fn name_or_seed(&self) -> &str {
+        if self.name.is_empty() { "seed" } else { &self.name }
+    }
+
     /// Default value of every tunable.
     pub fn default_config(&self) -> BTreeMap<String, i64> {
         self.tunables.iter().map(|t| (t.name.clone(), t.default_value())).collect()

@@ -55,6 +55,46 @@ pub fn emulate_workloads(task: &Task) -> Vec<Workload> {
     }
 }
 
+/// The configurations of `k` worth emulating: the defaults, then each other value of each
+/// tunable alone; where no workload admits a value alone (e.g. f16 tiles need larger tiles), the
+/// first configuration with that value that one of them admits.
+pub fn emulate_configs(k: &KernelSpec, workloads: &[Workload]) -> Vec<BTreeMap<String, i64>> {
+    let base = k.default_config();
+    let admitted = |c: &BTreeMap<String, i64>| workloads.iter().any(|w| k.specialise(c, w).is_some());
+    let mut all = vec![BTreeMap::new()];
+    for t in &k.tunables {
+        all = all
+            .into_iter()
+            .flat_map(|c: BTreeMap<String, i64>| {
+                t.values.iter().map(move |v| {
+                    let mut c = c.clone();
+                    c.insert(t.name.clone(), *v);
+                    c
+                })
+            })
+            .collect();
+    }
+    let mut out = vec![base.clone()];
+    for t in &k.tunables {
+        for v in &t.values {
+            if *v == t.default_value() {
+                continue;
+            }
+            let mut c = base.clone();
+            c.insert(t.name.clone(), *v);
+            if !admitted(&c)
+                && let Some(other) = all.iter().find(|o| o.get(&t.name) == Some(v) && admitted(o))
+            {
+                c = other.clone();
+            }
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
 /// Run kernel `k` of the task's `mlx-metal` back-end in `config` on workload `w` (inputs from
 /// `seed`). `Ok(None)`: the kernel does not admit the workload in this configuration (its
 /// constraints). `Err`: the build, the executor or the reference failed (a one-line reason).

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use ksearch_kb::{BodySig, EmuBuffer, EmuLaunch, emulate_file, emulate_kernel, emulate_workloads, find_cxx, metal_run};
+use ksearch_kb::{
+    BodySig, EmuBuffer, EmuLaunch, emulate_configs, emulate_file, emulate_kernel, emulate_workloads, find_cxx, metal_run,
+};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -214,46 +216,6 @@ fn metal_rule_breaks_are_reported_not_hidden() {
     assert!(e.contains("undeclared"), "{e}");
 }
 
-/// Every configuration to run: the defaults, then each other value of each tunable alone; where
-/// no workload admits a value alone (e.g. f16 tiles need larger tiles), the first configuration
-/// with that value that some workload admits.
-fn configs(k: &ksearch_core::KernelSpec, workloads: &[BTreeMap<String, i64>]) -> Vec<BTreeMap<String, i64>> {
-    let base = k.default_config();
-    let admitted = |c: &BTreeMap<String, i64>| workloads.iter().any(|w| k.specialise(c, w).is_some());
-    let mut all = vec![BTreeMap::new()];
-    for t in &k.tunables {
-        all = all
-            .into_iter()
-            .flat_map(|c: BTreeMap<String, i64>| {
-                t.values.iter().map(move |v| {
-                    let mut c = c.clone();
-                    c.insert(t.name.clone(), *v);
-                    c
-                })
-            })
-            .collect();
-    }
-    let mut out = vec![base.clone()];
-    for t in &k.tunables {
-        for v in &t.values {
-            if *v == t.default_value() {
-                continue;
-            }
-            let mut c = base.clone();
-            c.insert(t.name.clone(), *v);
-            if !admitted(&c)
-                && let Some(other) = all.iter().find(|o| o.get(&t.name) == Some(v) && admitted(o))
-            {
-                c = other.clone();
-            }
-            if !out.contains(&c) {
-                out.push(c);
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn every_task_metal_kernel_computes_its_reference() {
     need_cxx();
@@ -267,7 +229,7 @@ fn every_task_metal_kernel_computes_its_reference() {
         let workloads = emulate_workloads(task);
         assert!(!workloads.is_empty(), "task `{}` has no workloads to emulate", task.name);
         for k in std::iter::once(&b.seed).chain(&b.kernels) {
-            for c in configs(k, &workloads) {
+            for c in emulate_configs(k, &workloads) {
                 for w in &workloads {
                     jobs.push((task, k, c.clone(), w.clone()));
                 }
