@@ -76,18 +76,9 @@ fn prompt(task: &Task, kb: &Kb, from: Backend, src: &KernelSpec, target: &Kernel
     let io = ksearch_core::mlx::launch_io(task, Backend::MlxMetal, target);
     let mut iface = String::new();
     for l in &io {
-        let grid: Vec<&str> = target
-            .launches
-            .iter()
-            .find(|x| x.entry == l.entry)
-            .map(|x| x.grid.iter().map(String::as_str).collect())
-            .unwrap_or_default();
-        let block: Vec<&str> = target
-            .launches
-            .iter()
-            .find(|x| x.entry == l.entry)
-            .map(|x| x.block.iter().map(String::as_str).collect())
-            .unwrap_or_default();
+        let spec = target.launches.iter().find(|x| x.entry == l.entry);
+        let grid: Vec<&str> = spec.map(|x| x.grid.iter().map(String::as_str).collect()).unwrap_or_default();
+        let block: Vec<&str> = spec.map(|x| x.block.iter().map(String::as_str).collect()).unwrap_or_default();
         let list = |v: &[(String, String)]| v.iter().map(|(n, t)| format!("{n} ({t})")).collect::<Vec<_>>().join(", ");
         iface.push_str(&format!(
             "- launch `{}`: grid ({}) threads, threadgroup ({}); reads {}; writes {}\n",

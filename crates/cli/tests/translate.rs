@@ -28,16 +28,9 @@ fn fenced(body: &str) -> String {
     format!("Here is the Metal body.\n\n```metal\n{body}\n```\n")
 }
 
-#[test]
-fn a_wrong_translation_goes_back_to_the_model_and_the_verified_one_is_kept() {
-    // Round 1 forgets to normalise (y = exp(x - m)); round 2 is right.
-    let wrong = good_body().replace("* inv;", ";");
-    assert_ne!(wrong, good_body());
-    let (w, g) = (fenced(&wrong), fenced(&good_body()));
-    let srv = Server::new(move |_, i| Reply::completion(if i == 0 { &w } else { &g }));
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("softmax.metal");
-    let o = ksearch()
+/// `ksearch translate softmax --kernel seed` against `srv`, writing to `out`, with `extra` flags.
+fn translate(srv: &Server, out: &Path, extra: &[&str]) -> std::process::Output {
+    ksearch()
         .args([
             "translate",
             "softmax",
@@ -49,9 +42,22 @@ fn a_wrong_translation_goes_back_to_the_model_and_the_verified_one_is_kept() {
             &srv.base_url(),
             "-o",
         ])
-        .arg(&out)
+        .arg(out)
+        .args(extra)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_wrong_translation_goes_back_to_the_model_and_the_verified_one_is_kept() {
+    // Round 1 forgets to normalise (y = exp(x - m)); round 2 is right.
+    let wrong = good_body().replace("* inv;", ";");
+    assert_ne!(wrong, good_body());
+    let (w, g) = (fenced(&wrong), fenced(&good_body()));
+    let srv = Server::new(move |_, i| Reply::completion(if i == 0 { &w } else { &g }));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("softmax.metal");
+    let o = translate(&srv, &out, &[]);
     let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert_eq!(o.status.code(), Some(0), "{text}");
     assert!(text.contains("round 1: run on the task's workloads"), "{text}");
@@ -88,23 +94,7 @@ fn no_verified_translation_after_the_rounds_is_exit_1_with_the_last_attempt_kept
     let srv = Server::new(move |_, i| Reply::completion(if i == 0 { &big } else { &broken }));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("softmax.metal");
-    let o = ksearch()
-        .args([
-            "translate",
-            "softmax",
-            "--kernel",
-            "seed",
-            "--rounds",
-            "2",
-            "--model",
-            "m",
-            "--base-url",
-            &srv.base_url(),
-            "-o",
-        ])
-        .arg(&out)
-        .output()
-        .unwrap();
+    let o = translate(&srv, &out, &["--rounds", "2"]);
     let text = String::from_utf8_lossy(&o.stdout).to_string();
     assert_eq!(o.status.code(), Some(1), "{text}{}", String::from_utf8_lossy(&o.stderr));
     assert!(text.contains("round 1: the translation layer's rules rejected it"), "{text}");
