@@ -59,7 +59,8 @@ pub enum KbCmd {
     },
     /// Run a task's Metal kernels on this machine's CPU (the shim's executor: threadgroups,
     /// barriers, SIMD-group functions, 16-bit storage) and check every output element against
-    /// the task's reference. Correctness only: no timing. Runs your own sources unsandboxed.
+    /// the task's reference. Correctness only: no timing. The kernel runs in a child process with
+    /// a time limit, an address-space limit and (Linux) a seccomp filter.
     Emulate {
         /// The task (a name under the tasks folder).
         task: String,

@@ -269,7 +269,9 @@ fn threadgroup_storage(src: &str, first_id: usize) -> String {
 /// Run a Metal source (an MLX body file, `sig` giving its buffers and template constants) on the
 /// CPU with the shim's executor: every launch in order over `buffers`, each threadgroup's
 /// threads as fibers (see `kb/metal-shim/metal_stdlib.h`). Outputs and scratch are read back
-/// into `buffers`. `Err`: the compiler's diagnostics, the executor's one-line reason
+/// into `buffers`. The process has a time limit, a 16 GiB address space and, on Linux, a seccomp
+/// filter from the moment its buffers are loaded (`LOCKDOWN`).
+/// `Err`: the compiler's diagnostics, the executor's one-line reason
 /// (threadgroup memory over 32 KB, a memory fault past a buffer's end or in a thread's stack) or
 /// the time limit.
 pub fn metal_run(
@@ -523,6 +525,62 @@ fn execute(
     Ok(())
 }
 
+/// The executor's confinement once its buffers are loaded (Linux): no new privileges, and a
+/// seccomp filter that lets through only what running threads as fibers and writing the buffers
+/// back takes (memory, signal masks, reads and writes on open descriptors, exit); any other call
+/// (open, fork, exec, socket, kill…) fails with EPERM, and a foreign architecture's calls kill the
+/// process. Kernel code is C++ under the shim: this is what keeps a body (or a model's reply,
+/// `ksearch translate`) from reaching past its buffers.
+const LOCKDOWN: &str = r#"
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+static void ks_lockdown() {
+#if defined(__x86_64__)
+  const unsigned arch = AUDIT_ARCH_X86_64;
+#else
+  const unsigned arch = AUDIT_ARCH_AARCH64;
+#endif
+  static const long allowed[] = {
+    SYS_read, SYS_write, SYS_pread64, SYS_pwrite64, SYS_readv, SYS_writev, SYS_lseek, SYS_close,
+    SYS_mmap, SYS_munmap, SYS_mprotect, SYS_mremap, SYS_madvise, SYS_brk,
+    SYS_rt_sigprocmask, SYS_rt_sigaction, SYS_rt_sigreturn, SYS_sigaltstack,
+    SYS_futex, SYS_exit, SYS_exit_group, SYS_getpid, SYS_gettid, SYS_clock_gettime,
+#if defined(__x86_64__)
+    SYS_fstat, SYS_newfstatat,
+#else
+    SYS_fstat, SYS_newfstatat,
+#endif
+  };
+  const unsigned n = sizeof(allowed) / sizeof(allowed[0]);
+  struct sock_filter f[8 + 2 * (sizeof(allowed) / sizeof(allowed[0]))];
+  unsigned k = 0;
+  f[k++] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+  f[k++] = BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 1, 0);
+  f[k++] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+  f[k++] = BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+#if defined(__x86_64__)
+  f[k++] = BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1);  // x32 calls
+  f[k++] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+#endif
+  for (unsigned i = 0; i < n; i++) {
+    f[k++] = BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)allowed[i], 0, 1);
+    f[k++] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+  }
+  f[k++] = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | 1);  // EPERM
+  struct sock_fprog prog = {(unsigned short)k, f};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+    ks::fail("cannot confine the kernel (seccomp)");
+}
+#else
+static void ks_lockdown() {}  // no seccomp here: the process limits alone
+#endif
+"#;
+
 /// The call of an MLX body's kernel for launch `l`: buffers with their shape companions, then the
 /// position attributes in `wrap_body`'s order (the driver's locals of the same names).
 fn body_call(sig: &BodySig, sectioned: bool, l: &EmuLaunch, buffers: &[EmuBuffer]) -> Result<String, String> {
@@ -567,10 +625,9 @@ fn body_call(sig: &BodySig, sectioned: bool, l: &EmuLaunch, buffers: &[EmuBuffer
 /// every threadgroup of every launch run in turn (launch j's threads run `calls[j]` with the
 /// position attributes as locals), buffers written back.
 fn driver(calls: &[String], launches: &[EmuLaunch], buffers: &[EmuBuffer]) -> Result<String, String> {
-    let mut d = String::from(
-        "#include <algorithm>\n#include <csignal>\n#include <fcntl.h>\n#include <sys/stat.h>\nnamespace {\n\
-         struct KsLaunch { uint grid[3], tg[3], gpos[3], size[3]; };\nKsLaunch ks_L;\n",
-    );
+    let mut d = String::from("#include <algorithm>\n#include <csignal>\n#include <fcntl.h>\n#include <sys/stat.h>\n");
+    d.push_str(LOCKDOWN);
+    d.push_str("namespace {\nstruct KsLaunch { uint grid[3], tg[3], gpos[3], size[3]; };\nKsLaunch ks_L;\n");
     d.push_str(&format!("void* ks_buf[{}];\n", buffers.len().max(1)));
     for (i, b) in buffers.iter().enumerate() {
         let dims: Vec<String> = b.shape.iter().map(|x| x.to_string()).collect();
@@ -608,9 +665,9 @@ fn driver(calls: &[String], launches: &[EmuLaunch], buffers: &[EmuBuffer]) -> Re
     d.push_str(
         "void ks_fault(int) {\n  const char m[] = \"metal-emu: memory fault (an access past a buffer's end, or a thread's stack overflowed)\\n\";\n\
          if (write(2, m, sizeof(m) - 1)) {}\n  _exit(4);\n}\n\
-         void* ks_load(const char* dir, int i, size_t& n) {\n\
+         void* ks_load(const char* dir, int i, size_t& n, int& fd) {\n\
            char path[4096];\n  snprintf(path, sizeof path, \"%s/b%d.bin\", dir, i);\n\
-           int fd = open(path, O_RDONLY);\n  if (fd < 0) ks::fail(\"cannot open a buffer file\");\n\
+           fd = open(path, O_RDWR);\n  if (fd < 0) ks::fail(\"cannot open a buffer file\");\n\
            struct stat st;\n  fstat(fd, &st);\n  n = (size_t)st.st_size;\n\
            const size_t page = (size_t)sysconf(_SC_PAGESIZE), span = (n + page - 1) / page * page;\n\
            char* base = (char*)mmap(nullptr, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);\n\
@@ -618,15 +675,17 @@ fn driver(calls: &[String], launches: &[EmuLaunch], buffers: &[EmuBuffer]) -> Re
            mprotect(base + span, page, PROT_NONE);  // an access past the end faults\n\
            char* p = base + ((span - n) & ~(size_t)15);\n\
            for (size_t got = 0; got < n;) {\n    ssize_t r = read(fd, p + got, n - got);\n    if (r <= 0) ks::fail(\"cannot read a buffer file\");\n    got += (size_t)r;\n  }\n\
-           close(fd);\n  return p;\n}\n}  // namespace\n\
+           return p;\n}\n}  // namespace\n\
          int main(int argc, char** argv) {\n  if (argc < 2) return 2;\n\
            static char alt[1 << 16];\n  stack_t ss{};\n  ss.ss_sp = alt;\n  ss.ss_size = sizeof alt;\n  sigaltstack(&ss, nullptr);\n\
            struct sigaction sa{};\n  sa.sa_handler = ks_fault;\n  sa.sa_flags = SA_ONSTACK;\n  sigaction(SIGSEGV, &sa, nullptr);\n  sigaction(SIGBUS, &sa, nullptr);\n",
     );
-    d.push_str(&format!("  size_t sizes[{}];\n", buffers.len().max(1)));
+    d.push_str(&format!("  size_t sizes[{0}];\n  int fds[{0}];\n", buffers.len().max(1)));
     for i in 0..buffers.len() {
-        d.push_str(&format!("  ks_buf[{i}] = ks_load(argv[1], {i}, sizes[{i}]);\n"));
+        d.push_str(&format!("  ks_buf[{i}] = ks_load(argv[1], {i}, sizes[{i}], fds[{i}]);\n"));
     }
+    // From here on the kernel runs: no new files, processes, sockets or signals to others.
+    d.push_str("  ks_lockdown();\n");
     for (j, l) in launches.iter().enumerate() {
         let [gx, gy, gz] = l.grid;
         let [tx, ty, tz] = l.threadgroup;
@@ -648,8 +707,9 @@ fn driver(calls: &[String], launches: &[EmuLaunch], buffers: &[EmuBuffer]) -> Re
     }
     for i in 0..buffers.len() {
         d.push_str(&format!(
-            "  {{\n    char path[4096];\n    snprintf(path, sizeof path, \"%s/b{i}.bin\", argv[1]);\n\
-             FILE* f = fopen(path, \"wb\");\n    if (!f || fwrite(ks_buf[{i}], 1, sizes[{i}], f) != sizes[{i}]) ks::fail(\"cannot write a buffer file\");\n    fclose(f);\n  }}\n"
+            "  for (size_t done = 0; done < sizes[{i}];) {{\n\
+                 const ssize_t w = pwrite(fds[{i}], (const char*)ks_buf[{i}] + done, sizes[{i}] - done, (off_t)done);\n\
+                 if (w <= 0) ks::fail(\"cannot write a buffer file\");\n    done += (size_t)w;\n  }}\n"
         ));
     }
     d.push_str("  return 0;\n}\n");

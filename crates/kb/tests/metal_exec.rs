@@ -307,3 +307,28 @@ fn a_whole_metal_file_runs_with_its_buffers_bound_by_name() {
     let e = emulate_file(&task, &renamed, &grid, &tg, &w, 7, LIMIT).unwrap_err();
     assert!(e.contains("`out`") && e.contains("no tensor"), "{e}");
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn kernel_code_cannot_reach_past_its_buffers() {
+    // A body is C++ under the shim: one that tries to start a program, open a file or a socket
+    // gets EPERM from the executor's seccomp filter, and the run goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("escaped");
+    let body = format!(
+        "extern \"C\" int system(const char*);\nextern \"C\" int open(const char*, int, ...);\n\
+         extern \"C\" int socket(int, int, int);\nextern \"C\" int* __errno_location();\n// @kernel body\n\
+         if (thread_position_in_grid.x == 0) {{\n\
+             y[0] = float(system(\"touch {}\"));\n\
+             y[1] = float(open(\"/etc/hostname\", 0));\n\
+             y[2] = float(*__errno_location());\n\
+             y[3] = float(socket(2, 1, 0));\n}}\n",
+        marker.display()
+    );
+    let y = run(&body, &[0.0], 4, 32, 32).unwrap();
+    // glibc's system() reports a spawn it could not make as exit status 127
+    assert!(y[0] == -1.0 || y[0] == (127 << 8) as f32, "system() must fail: {}", y[0]);
+    assert_eq!((y[1], y[2]), (-1.0, 1.0), "open() must fail with EPERM");
+    assert_eq!(y[3], -1.0, "socket() must fail");
+    assert!(!marker.exists(), "a program ran");
+}
