@@ -155,8 +155,39 @@ fn prompt(task: &Task, kb: &Kb, from: Backend, src: &KernelSpec, target: &Kernel
     Ok(vec![Message::system(system), Message::user(user)])
 }
 
+/// What a model's body may not do before it is even compiled: include anything but Metal's own
+/// headers (a diagnostic would quote the file back to the model) or use inline assembly (which
+/// could embed a file). Metal has neither.
+fn foreign(body: &str) -> Option<String> {
+    for line in body.lines() {
+        let t = line.trim_start();
+        let Some(rest) = t.strip_prefix('#') else { continue };
+        let Some(target) = rest.trim_start().strip_prefix("include") else {
+            continue;
+        };
+        let target = target.trim();
+        let metal = target
+            .strip_prefix("<metal_")
+            .and_then(|x| x.strip_suffix('>'))
+            .is_some_and(|x| !x.is_empty() && x.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+        if !metal {
+            return Some(format!(
+                "`#include {target}`: a Metal body includes Metal's own headers (<metal_stdlib>) only"
+            ));
+        }
+    }
+    let mut words = body.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+    if words.any(|w| matches!(w, "asm" | "__asm" | "__asm__")) {
+        return Some("inline assembly (`asm`): Metal has none".into());
+    }
+    None
+}
+
 /// What is wrong with a translation, for the model's next round; None when it passes.
 fn verify(task: &Task, kb: &Kb, target: &KernelSpec, body: &str, timeout: u64) -> Result<Option<String>, String> {
+    if let Some(why) = foreign(body) {
+        return Ok(Some(why));
+    }
     let profile = kb
         .profile("generic-apple")
         .ok_or("the knowledge base has no generic-apple profile")?;
@@ -231,6 +262,9 @@ pub fn run(tasks_dir: &Path, kb: &Kb, llm: Option<serde_json::Value>, a: &Transl
     let settings = ksearch_search::llm_planner::settings(llm.as_ref())?;
     let client = OpenAiCompatible::new(settings.coder.clone()).map_err(|e| anyhow::anyhow!("LLM: {e}"))?;
     let mut messages = prompt(&task, kb, from, src, &target)?;
+    // Nothing that goes back to the model, or to the terminal, carries a secret of the
+    // environment (the executor's own environment is cleared besides).
+    let scrub = ksearch_eval::scrub::Scrubber::from_env(&ksearch_search::llm_planner::settings_keys(llm.as_ref()));
     let rejected = a.out.with_extension("rejected.metal");
     for round in 1..=a.rounds.max(1) {
         let reply = client
@@ -254,7 +288,7 @@ pub fn run(tasks_dir: &Path, kb: &Kb, llm: Option<serde_json::Value>, a: &Transl
                 Ok(Some(why)) => {
                     std::fs::write(&rejected, format!("{}\n", body.trim_end()))
                         .with_context(|| rejected.display().to_string())?;
-                    why
+                    scrub.text(&why)
                 }
             },
         };
@@ -270,4 +304,30 @@ pub fn run(tasks_dir: &Path, kb: &Kb, llm: Option<serde_json::Value>, a: &Transl
         rejected.display()
     );
     Ok(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::foreign;
+
+    #[test]
+    fn only_metal_headers_and_no_assembly_reach_the_compiler() {
+        assert_eq!(foreign("#include <metal_stdlib>\nusing namespace metal;\ny[0] = 1;\n"), None);
+        assert_eq!(foreign("  #  include <metal_simdgroup>\nconst float asmx = 1.0f;\n"), None);
+        for bad in [
+            "#include \"/home/u/.ssh/id_rsa\"\n",
+            "#include </etc/passwd>\n",
+            "#define F \"x\"\n#include F\n",
+            "# include <cstdlib>\n",
+        ] {
+            let why = foreign(bad).unwrap_or_default();
+            assert!(why.contains("Metal's own headers"), "{bad}: {why}");
+        }
+        assert!(
+            foreign("asm(\".incbin \\\"/etc/passwd\\\"\");\n")
+                .unwrap_or_default()
+                .contains("assembly")
+        );
+        assert!(foreign("__asm__ volatile(\"\");\n").is_some());
+    }
 }

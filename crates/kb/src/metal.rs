@@ -463,6 +463,8 @@ fn execute(
     write(&file, &prog)?;
     let exe = dir.path().join("run");
     let out = Command::new(&cxx)
+        .env_clear()
+        .envs(plain_env())
         .args(["-std=c++17", "-O1", "-w", "-x", "c++", "-I"])
         .arg(dir.path().join("shim"))
         .arg(&file)
@@ -481,7 +483,10 @@ fn execute(
         std::fs::write(dir.path().join(format!("b{i}.bin")), &b.bytes).map_err(|e| format!("buffer `{}`: {e}", b.name))?;
     }
     // Address space capped (16 GiB: every thread's stack is reserved up front), time capped below.
+    // The environment is cleared: kernel code reads memory, and the parent's may hold API keys.
     let mut child = Command::new("sh")
+        .env_clear()
+        .envs(plain_env().into_iter().filter(|(k, _)| k == "PATH"))
         .args(["-c", "ulimit -v 16777216 2>/dev/null; exec \"$0\" \"$1\""])
         .arg(&exe)
         .arg(dir.path())
@@ -523,6 +528,14 @@ fn execute(
         b.bytes = back;
     }
     Ok(())
+}
+
+/// What the compiler and the executor may see of the environment: the search path, the
+/// temporary folder and the locale, never a key.
+fn plain_env() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| ["PATH", "TMPDIR", "LANG"].contains(&k.as_str()) || k.starts_with("LC_"))
+        .collect()
 }
 
 /// The executor's confinement once its buffers are loaded (Linux): no new privileges, and a

@@ -312,23 +312,27 @@ fn a_whole_metal_file_runs_with_its_buffers_bound_by_name() {
 #[test]
 fn kernel_code_cannot_reach_past_its_buffers() {
     // A body is C++ under the shim: one that tries to start a program, open a file or a socket
-    // gets EPERM from the executor's seccomp filter, and the run goes on.
+    // gets EPERM from the executor's seccomp filter, and the run goes on; it finds no environment.
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("escaped");
     let body = format!(
         "extern \"C\" int system(const char*);\nextern \"C\" int open(const char*, int, ...);\n\
-         extern \"C\" int socket(int, int, int);\nextern \"C\" int* __errno_location();\n// @kernel body\n\
+         extern \"C\" int socket(int, int, int);\nextern \"C\" int* __errno_location();\n\
+         extern \"C\" char* getenv(const char*) noexcept;\n// @kernel body\n\
          if (thread_position_in_grid.x == 0) {{\n\
              y[0] = float(system(\"touch {}\"));\n\
              y[1] = float(open(\"/etc/hostname\", 0));\n\
              y[2] = float(*__errno_location());\n\
-             y[3] = float(socket(2, 1, 0));\n}}\n",
+             y[3] = float(socket(2, 1, 0));\n\
+             y[4] = getenv(\"HOME\") == nullptr ? 1.0f : 0.0f;\n}}\n",
         marker.display()
     );
-    let y = run(&body, &[0.0], 4, 32, 32).unwrap();
+    let y = run(&body, &[0.0], 5, 32, 32).unwrap();
     // glibc's system() reports a spawn it could not make as exit status 127
     assert!(y[0] == -1.0 || y[0] == (127 << 8) as f32, "system() must fail: {}", y[0]);
     assert_eq!((y[1], y[2]), (-1.0, 1.0), "open() must fail with EPERM");
     assert_eq!(y[3], -1.0, "socket() must fail");
     assert!(!marker.exists(), "a program ran");
+    // and the process's environment is cleared (the parent's may hold API keys)
+    assert_eq!(y[4], 1.0, "the kernel saw the environment");
 }
