@@ -180,6 +180,11 @@ fn foreign(body: &str) -> Option<String> {
     if words.any(|w| matches!(w, "asm" | "__asm" | "__asm__")) {
         return Some("inline assembly (`asm`): Metal has none".into());
     }
+    // GNU attributes (a constructor or initialisation priority would run code before the
+    // executor confines its process)
+    if body.contains("__attribute__") || body.contains("gnu::") || body.contains("[[using") {
+        return Some("GNU attributes (`__attribute__`, `[[gnu::…]]`): Metal has none".into());
+    }
     None
 }
 
@@ -329,5 +334,12 @@ mod tests {
                 .contains("assembly")
         );
         assert!(foreign("__asm__ volatile(\"\");\n").is_some());
+        assert!(
+            foreign("__attribute__((constructor(1))) void f() {}\n")
+                .unwrap_or_default()
+                .contains("GNU attributes")
+        );
+        assert!(foreign("[[gnu::constructor]] void f() {}\n").is_some());
+        assert_eq!(foreign("[[kernel]] void k(uint i [[thread_position_in_grid]]) {}\n"), None);
     }
 }

@@ -688,17 +688,22 @@ fn driver(calls: &[String], launches: &[EmuLaunch], buffers: &[EmuBuffer]) -> Re
            mprotect(base + span, page, PROT_NONE);  // an access past the end faults\n\
            char* p = base + ((span - n) & ~(size_t)15);\n\
            for (size_t got = 0; got < n;) {\n    ssize_t r = read(fd, p + got, n - got);\n    if (r <= 0) ks::fail(\"cannot read a buffer file\");\n    got += (size_t)r;\n  }\n\
-           return p;\n}\n}  // namespace\n\
-         int main(int argc, char** argv) {\n  if (argc < 2) return 2;\n\
+           return p;\n}\n",
+    );
+    // Buffers are loaded and the process confined in an ELF constructor of the first priority,
+    // before any dynamic initialiser of the kernel's own code (a namespace-scope object's
+    // constructor in a header) can run: from there on no new files, processes, sockets or
+    // signals to others.
+    d.push_str(&format!("size_t sizes[{0}];\nint fds[{0}];\n", buffers.len().max(1)));
+    d.push_str(
+        "__attribute__((constructor(101))) void ks_early(int argc, char** argv, char**) {\n  if (argc < 2) _exit(2);\n\
            static char alt[1 << 16];\n  stack_t ss{};\n  ss.ss_sp = alt;\n  ss.ss_size = sizeof alt;\n  sigaltstack(&ss, nullptr);\n\
            struct sigaction sa{};\n  sa.sa_handler = ks_fault;\n  sa.sa_flags = SA_ONSTACK;\n  sigaction(SIGSEGV, &sa, nullptr);\n  sigaction(SIGBUS, &sa, nullptr);\n",
     );
-    d.push_str(&format!("  size_t sizes[{0}];\n  int fds[{0}];\n", buffers.len().max(1)));
     for i in 0..buffers.len() {
         d.push_str(&format!("  ks_buf[{i}] = ks_load(argv[1], {i}, sizes[{i}], fds[{i}]);\n"));
     }
-    // From here on the kernel runs: no new files, processes, sockets or signals to others.
-    d.push_str("  ks_lockdown();\n");
+    d.push_str("  ks_lockdown();\n}\n}  // namespace\nint main() {\n");
     for (j, l) in launches.iter().enumerate() {
         let [gx, gy, gz] = l.grid;
         let [tx, ty, tz] = l.threadgroup;

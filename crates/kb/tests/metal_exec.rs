@@ -336,3 +336,20 @@ fn kernel_code_cannot_reach_past_its_buffers() {
     // and the process's environment is cleared (the parent's may hold API keys)
     assert_eq!(y[4], 1.0, "the kernel saw the environment");
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn code_that_runs_before_the_kernel_is_confined_too() {
+    // A namespace-scope object's initialiser in the header runs before main: the confinement is
+    // already in place then.
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("escaped");
+    let body = format!(
+        "extern \"C\" int system(const char*);\nstatic int ks_early_call = system(\"touch {}\");\n\
+         // @kernel body\nif (thread_position_in_grid.x == 0) y[0] = float(ks_early_call);\n",
+        marker.display()
+    );
+    let y = run(&body, &[0.0], 1, 32, 32).unwrap();
+    assert!(y[0] == -1.0 || y[0] == (127 << 8) as f32, "system() must fail: {}", y[0]);
+    assert!(!marker.exists(), "a program ran before the kernel");
+}
