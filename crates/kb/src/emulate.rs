@@ -11,7 +11,8 @@ use ksearch_core::data::{self, Check, Rng};
 use ksearch_core::task::{KernelSpec, Task, Workload, shape_of};
 use ksearch_core::{Backend, expr, reference};
 
-use crate::metal::{BodySig, EmuBuffer, EmuLaunch, metal_run, metal_run_file};
+use crate::metal::BodySig;
+use crate::metal_exec::{EmuBuffer, EmuLaunch, metal_run, metal_run_file};
 
 /// What one emulated run found, per output.
 #[derive(Debug, Clone)]
