@@ -182,6 +182,27 @@ fn task_expressions_are_checked_at_load_and_a_broken_task_hides_no_other() {
 }
 
 #[test]
+fn emulated_workloads_belong_to_the_metal_back_end_only() {
+    let d = tempfile::tempdir().unwrap();
+    let tasks = d.path().join("tasks");
+    copy_dir(&repo().join("tasks/softmax"), &tasks.join("softmax"));
+    let f = tasks.join("softmax/task.toml");
+    let text = std::fs::read_to_string(&f).unwrap();
+    let anchor = "[backends.cpu]\nsearch = [";
+    assert!(text.contains(anchor), "the softmax task changed");
+    std::fs::write(
+        &f,
+        text.replacen(anchor, "[backends.cpu]\nemulate = [{ rows = 2, cols = 3 }]\nsearch = [", 1),
+    )
+    .unwrap();
+    let o = ks().arg("--tasks-dir").arg(&tasks).arg("tasks").output().unwrap();
+    one_line_error(
+        &o,
+        &["softmax/task.toml:", "backends.cpu.emulate: only the mlx-metal back-end"],
+    );
+}
+
+#[test]
 fn a_compile_time_out_too_short_to_mean_anything_is_refused_in_one_line() {
     let d = tempfile::tempdir().unwrap();
     let o = ks()

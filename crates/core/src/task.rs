@@ -605,6 +605,14 @@ impl Task {
             if b.search.is_empty() {
                 return Err(inv(&sect, format!("backends.{bname}: no search workloads")));
             }
+            if !b.emulate.is_empty() && bname != "mlx-metal" {
+                return Err(inv(
+                    &sect,
+                    format!(
+                        "backends.{bname}.emulate: only the mlx-metal back-end has emulated workloads (`ksearch kb emulate`)"
+                    ),
+                ));
+            }
             for (kind, list) in [("search", &b.search), ("heldout", &b.heldout), ("emulate", &b.emulate)] {
                 for (i, w) in list.iter().enumerate() {
                     for a in &axes {
