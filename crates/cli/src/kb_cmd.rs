@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ksearch_kb::{
-    BodySig, CheckOptions, Dialect, Kb, SourceLang, check, emulate_kernel, emulate_workloads, metal_syntax_check, rejected,
+    BodySig, CheckOptions, Dialect, Kb, SourceLang, check, emulate_cuda_kernel, emulate_kernel, emulate_workloads,
+    metal_syntax_check, rejected,
 };
 
 #[derive(clap::Subcommand, Debug)]
@@ -57,14 +58,20 @@ pub enum KbCmd {
         #[arg(long)]
         output: Vec<String>,
     },
-    /// Run a task's Metal kernels on this machine's CPU (the shim's executor: threadgroups,
-    /// barriers, SIMD-group functions, 16-bit storage) and check every output element against
-    /// the task's reference. Correctness only: no timing. The kernel runs in a child process with
-    /// a time limit, an address-space limit and (Linux) a seccomp filter.
+    /// Run a task's Metal or CUDA kernels on this machine's CPU and check every output element
+    /// against the task's reference. Correctness only: no timing. Metal (`--backend mlx-metal`):
+    /// the shim's executor (threadgroups, barriers, SIMD-group functions, 16-bit storage) in a
+    /// child process with a time limit, an address-space limit and (Linux) a seccomp filter.
+    /// CUDA (`--backend cuda`): NVRTC's PTX of the build the CUDA back-end makes, run by a PTX
+    /// interpreter (warps, divergence, barriers, shuffles, cp.async groups, ldmatrix, mma.sync;
+    /// every access bounds-checked; not wgmma, TMA or mbarrier).
     Emulate {
         /// The task (a name under the tasks folder).
         task: String,
-        /// A kernel of the task's mlx-metal back-end, or `seed`; default: the seed and every kernel.
+        /// Whose kernels: mlx-metal or cuda.
+        #[arg(long, default_value = "mlx-metal")]
+        backend: String,
+        /// A kernel of the task's back-end, or `seed`; default: the seed and every kernel.
         #[arg(long)]
         kernel: Option<String>,
         /// A Metal body file to run in place of the kernel's source (its launches, tunables and
@@ -150,6 +157,7 @@ fn body_sig(file: &Path, src: &str, input: &[String], output: &[String]) -> Resu
 pub fn run(cmd: KbCmd, tasks: Option<PathBuf>) -> anyhow::Result<i32> {
     if let KbCmd::Emulate {
         task,
+        backend,
         kernel,
         file,
         grid,
@@ -163,6 +171,7 @@ pub fn run(cmd: KbCmd, tasks: Option<PathBuf>) -> anyhow::Result<i32> {
         return emulate(
             tasks,
             &task,
+            &backend,
             kernel.as_deref(),
             file.as_deref(),
             launch,
@@ -393,6 +402,7 @@ fn int_pairs<'a>(items: impl Iterator<Item = &'a str>, what: &str) -> Result<BTr
 fn emulate(
     tasks: Option<PathBuf>,
     name: &str,
+    backend: &str,
     kernel: Option<&str>,
     file: Option<&Path>,
     launch: (Option<String>, Option<String>),
@@ -407,9 +417,22 @@ fn emulate(
         Ok(t) => t,
         Err(e) => return usage(e.to_string()),
     };
-    let Some(b) = task.backend(ksearch_core::Backend::MlxMetal) else {
-        return usage(format!("task `{name}` has no mlx-metal back-end"));
+    let backend = match backend {
+        "mlx-metal" | "metal" => ksearch_core::Backend::MlxMetal,
+        "cuda" => ksearch_core::Backend::Cuda,
+        other => return usage(format!("--backend `{other}`: emulation runs mlx-metal or cuda kernels")),
     };
+    let cuda = backend == ksearch_core::Backend::Cuda;
+    let Some(b) = task.backend(backend) else {
+        return usage(format!("task `{name}` has no {backend} back-end"));
+    };
+    if cuda && !ksearch_eval::cuda::nvrtc_available() {
+        return usage(
+            "--backend cuda compiles with NVRTC, which is not installed (pip install 'nvidia-cuda-nvrtc==13.0.*' \
+             and put site-packages/nvidia/cu13/lib on LD_LIBRARY_PATH)"
+                .into(),
+        );
+    }
     let all: Vec<&ksearch_core::KernelSpec> = std::iter::once(&b.seed).chain(&b.kernels).collect();
     let names = || {
         std::iter::once("seed")
@@ -421,7 +444,7 @@ fn emulate(
         Some("seed") => vec![b.seed.clone()],
         Some(k) => match b.kernels.iter().find(|x| x.name == k) {
             Some(x) => vec![x.clone()],
-            None => return usage(format!("task `{name}` has no mlx-metal kernel `{k}` (known: {})", names())),
+            None => return usage(format!("task `{name}` has no {backend} kernel `{k}` (known: {})", names())),
         },
         None if file.is_some() => vec![b.seed.clone()],
         None => all.into_iter().cloned().collect(),
@@ -429,7 +452,7 @@ fn emulate(
     let mut whole = None;
     if let Some(f) = file {
         match std::fs::read_to_string(f) {
-            Ok(src) if regex_lite_kernel(&src) => whole = Some(src),
+            Ok(src) if !cuda && regex_lite_kernel(&src) => whole = Some(src),
             Ok(src) => chosen[0].source = src,
             Err(e) => return usage(format!("{}: {e}", f.display())),
         }
@@ -488,7 +511,7 @@ fn emulate(
         }
     }
     if list.is_empty() {
-        list = emulate_workloads(&task);
+        list = emulate_workloads(&task, backend);
     }
     if list.is_empty() {
         return usage(format!("task `{name}` has no workloads to emulate; give --workload"));
@@ -544,14 +567,18 @@ fn emulate(
         }
         let kname = if k.name.is_empty() { "seed" } else { k.name.as_str() };
         for (i, w) in list.iter().enumerate() {
-            let r = emulate_kernel(
-                &task,
-                k,
-                &config,
-                w,
-                0x5eed + i as u64,
-                std::time::Duration::from_secs(timeout),
-            );
+            let limit = std::time::Duration::from_secs(timeout);
+            let r = if cuda {
+                let options: BTreeMap<String, serde_json::Value> = k
+                    .options
+                    .iter()
+                    .filter_map(|(n, v)| serde_json::to_value(v).ok().map(|v| (n.clone(), v)))
+                    .collect();
+                let ptx = |c: &BTreeMap<String, i64>| ksearch_eval::cuda::emulation_ptx(&task, &k.source, &options, c);
+                emulate_cuda_kernel(&task, k, &config, w, 0x5eed + i as u64, limit, &ptx)
+            } else {
+                emulate_kernel(&task, k, &config, w, 0x5eed + i as u64, limit)
+            };
             match r {
                 Ok(None) => {
                     skipped += 1;
@@ -569,6 +596,16 @@ fn emulate(
                         o.summary()
                     );
                 }
+                Err(e) if cuda && e.starts_with("PTX: ") && e.contains("unsupported instruction") => {
+                    // A limit of the interpreter, not a fault of the kernel.
+                    skipped += 1;
+                    println!(
+                        "skip {kname} [{}] on {}: not interpretable: {}",
+                        show(&config),
+                        show(w),
+                        &e[5..]
+                    );
+                }
                 Err(e) => {
                     ran += 1;
                     failed += 1;
@@ -581,7 +618,9 @@ fn emulate(
             }
         }
     }
-    println!("emulated {ran} run(s) of task `{name}` on the CPU: {failed} failed, {skipped} not admitted");
+    println!(
+        "emulated {ran} run(s) of task `{name}` on the CPU: {failed} failed, {skipped} skipped (not admitted, or not interpretable)"
+    );
     Ok(if failed > 0 { 1 } else { 0 })
 }
 

@@ -206,7 +206,7 @@ fn verify(task: &Task, kb: &Kb, target: &KernelSpec, body: &str, timeout: u64) -
     }
     let mut k = target.clone();
     k.source = body.to_string();
-    let workloads = emulate_workloads(task);
+    let workloads = emulate_workloads(task, ksearch_core::Backend::MlxMetal);
     let mut failures = Vec::new();
     let mut ran = 0;
     for c in emulate_configs(&k, &workloads) {

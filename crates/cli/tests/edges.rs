@@ -182,7 +182,7 @@ fn task_expressions_are_checked_at_load_and_a_broken_task_hides_no_other() {
 }
 
 #[test]
-fn emulated_workloads_belong_to_the_metal_back_end_only() {
+fn emulated_workloads_belong_to_the_emulated_back_ends_only() {
     let d = tempfile::tempdir().unwrap();
     let tasks = d.path().join("tasks");
     copy_dir(&repo().join("tasks/softmax"), &tasks.join("softmax"));
@@ -198,7 +198,10 @@ fn emulated_workloads_belong_to_the_metal_back_end_only() {
     let o = ks().arg("--tasks-dir").arg(&tasks).arg("tasks").output().unwrap();
     one_line_error(
         &o,
-        &["softmax/task.toml:", "backends.cpu.emulate: only the mlx-metal back-end"],
+        &[
+            "softmax/task.toml:",
+            "backends.cpu.emulate: only the mlx-metal and cuda back-ends",
+        ],
     );
 }
 

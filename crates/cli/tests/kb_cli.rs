@@ -295,3 +295,128 @@ fn emulate_runs_a_task_metal_kernel_on_the_cpu_and_checks_it() {
         assert!(stderr.contains(want) && stderr.lines().count() == 1, "{args:?}: {stderr}");
     }
 }
+
+/// Whether NVRTC is here (scripts/test.sh exports where it installed it and requires it).
+fn nvrtc_here() -> bool {
+    let inc = std::env::var("KSEARCH_CUDA_INCLUDE").unwrap_or_default();
+    let ok = !inc.is_empty() && Path::new(&inc).join("cuda_fp16.h").exists();
+    if !ok {
+        assert!(
+            std::env::var("KSEARCH_REQUIRE_NVRTC").is_err(),
+            "KSEARCH_REQUIRE_NVRTC is set but KSEARCH_CUDA_INCLUDE names no CUDA headers"
+        );
+        eprintln!("skipping: NVRTC is not installed (scripts/test.sh installs it)");
+    }
+    ok
+}
+
+#[test]
+fn emulate_runs_every_cuda_kernel_of_every_task_through_the_ptx_interpreter() {
+    if !nvrtc_here() {
+        return;
+    }
+    // Every kernel at its defaults on the task's `emulate` workloads: every element checked.
+    // The wgmma/TMA kernels are skipped with the reason, not failed.
+    for (task, kernels) in [
+        ("softmax", 2),
+        ("rmsnorm", 2),
+        ("mamba_step", 2),
+        ("mamba_scan", 7),
+        ("attention", 3),
+    ] {
+        let (code, stdout, stderr) =
+            out(ksearch()
+                .arg("--tasks-dir")
+                .arg(tasks_dir())
+                .args(["kb", "emulate", task, "--backend", "cuda"]));
+        assert_eq!(code, 0, "{task}: {stdout}{stderr}");
+        assert!(stdout.contains(": 0 failed, "), "{task}: {stdout}");
+        let names: std::collections::BTreeSet<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with("ok   "))
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .collect();
+        assert_eq!(names.len(), kernels, "{task}: {stdout}");
+        assert!(!stdout.contains("FAIL"), "{stdout}");
+        if task == "attention" {
+            assert!(
+                stdout.contains("skip flash_ws")
+                    && stdout.contains("not interpretable: line ")
+                    && stdout.contains("unsupported instruction `mbarrier"),
+                "{stdout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn emulate_catches_a_cuda_kernel_that_reads_before_its_copies_land_or_its_barrier() {
+    if !nvrtc_here() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = std::fs::read_to_string(tasks_dir().join("mamba_scan/cuda/warp_scan.cu")).unwrap();
+    // The selective scan without its cp.async wait: the chunk is read before it lands.
+    let wait = "asm volatile(\"cp.async.wait_group 0;\\n\" ::: \"memory\");";
+    assert!(src.contains(wait), "warp_scan.cu changed");
+    let nowait = dir.path().join("nowait.cu");
+    std::fs::write(&nowait, src.replace(wait, "")).unwrap();
+    // Without the barrier between the conversion and the compute.
+    let sync = "__syncthreads();  // converted; raw and yt free";
+    assert!(src.contains(sync), "warp_scan.cu changed");
+    let nosync = dir.path().join("nosync.cu");
+    std::fs::write(&nosync, src.replace(sync, "")).unwrap();
+    for (file, want) in [(&nowait, "NaN of 7200"), (&nosync, "NaN of 7200")] {
+        let (code, stdout, _) = out(ksearch()
+            .arg("--tasks-dir")
+            .arg(tasks_dir())
+            .args([
+                "kb",
+                "emulate",
+                "mamba_scan",
+                "--backend",
+                "cuda",
+                "--kernel",
+                "warp_scan",
+                "--workload",
+                "batch=1,L=300,D=24,N=16",
+                "--file",
+            ])
+            .arg(file));
+        assert_eq!(code, 1, "{file:?}: {stdout}");
+        assert!(
+            stdout.starts_with("FAIL warp_scan") && stdout.contains(want),
+            "{file:?}: {stdout}"
+        );
+    }
+    // The softmax seed writing one element past its row: the last row's write leaves y.
+    let seed = std::fs::read_to_string(tasks_dir().join("softmax/cuda/naive.cu")).unwrap();
+    let tail = "for (long long c = threadIdx.x; c < cols; c += NT) yr[c] =";
+    assert!(seed.contains(tail), "naive.cu changed");
+    let oob = dir.path().join("oob.cu");
+    std::fs::write(
+        &oob,
+        seed.replace(tail, "for (long long c = threadIdx.x; c <= cols; c += NT) yr[c] ="),
+    )
+    .unwrap();
+    let (code, stdout, _) = out(ksearch()
+        .arg("--tasks-dir")
+        .arg(tasks_dir())
+        .args([
+            "kb",
+            "emulate",
+            "softmax",
+            "--backend",
+            "cuda",
+            "--workload",
+            "rows=3,cols=512",
+            "--file",
+        ])
+        .arg(&oob));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("FAIL seed [] on cols=512,rows=3: launch `softmax`: block (2, 0, 0): line")
+            && stdout.contains("4-byte access at byte 6144 of `x`, which has 6144 bytes"),
+        "{stdout}"
+    );
+}

@@ -605,11 +605,11 @@ impl Task {
             if b.search.is_empty() {
                 return Err(inv(&sect, format!("backends.{bname}: no search workloads")));
             }
-            if !b.emulate.is_empty() && bname != "mlx-metal" {
+            if !b.emulate.is_empty() && bname != "mlx-metal" && bname != "cuda" {
                 return Err(inv(
                     &sect,
                     format!(
-                        "backends.{bname}.emulate: only the mlx-metal back-end has emulated workloads (`ksearch kb emulate`)"
+                        "backends.{bname}.emulate: only the mlx-metal and cuda back-ends have emulated workloads (`ksearch kb emulate`)"
                     ),
                 ));
             }

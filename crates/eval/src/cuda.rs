@@ -412,6 +412,25 @@ pub fn candidate_arch(cc: (i32, i32), source: &str, options: &BTreeMap<String, s
     a
 }
 
+/// PTX of a candidate for the CPU's PTX interpreter (`ksearch kb emulate --backend cuda`): the
+/// build the CUDA back-end makes for an sm_90 device (the same defines and flags, the `a` suffix
+/// where the source needs it), for the matching virtual architecture (`compute_90`/`compute_90a`).
+pub fn emulation_ptx(
+    task: &Task,
+    source: &str,
+    options: &BTreeMap<String, serde_json::Value>,
+    defines: &BTreeMap<String, i64>,
+) -> Result<String, String> {
+    let arch = candidate_arch((9, 0), source, options).replacen("sm_", "compute_", 1);
+    let opts: Vec<String> = nvrtc_options(&arch, &candidate_defines(task, defines), &extra_flags(options))
+        .into_iter()
+        .filter(|o| !o.starts_with("--ptxas-options"))
+        .collect();
+    let (image, _log) = nvrtc_compile(source, "kernel.cu", &opts)?;
+    let text: Vec<u8> = image.into_iter().take_while(|b| *b != 0).collect();
+    String::from_utf8(text).map_err(|_| "NVRTC's PTX is not UTF-8".to_string())
+}
+
 fn extra_flags(options: &BTreeMap<String, serde_json::Value>) -> Vec<String> {
     options
         .get("nvrtc_flags")

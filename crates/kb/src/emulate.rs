@@ -46,10 +46,10 @@ impl EmuOutcome {
     }
 }
 
-/// The workloads to emulate a task's Metal kernels on: `emulate` of `[backends.mlx-metal]`,
-/// else its held-out ones.
-pub fn emulate_workloads(task: &Task) -> Vec<Workload> {
-    match task.backend(Backend::MlxMetal) {
+/// The workloads to emulate a task's kernels of `backend` on: its `emulate` list, else its
+/// held-out ones.
+pub fn emulate_workloads(task: &Task, backend: Backend) -> Vec<Workload> {
+    match task.backend(backend) {
         Some(b) if !b.emulate.is_empty() => b.emulate.clone(),
         Some(b) => b.heldout.clone(),
         None => Vec::new(),
@@ -113,8 +113,7 @@ pub fn emulate_kernel(
     };
     let reference = builtin_reference(task)?;
     // MLX's template parameters: every axis (task order), then every define.
-    let mut env: BTreeMap<String, i64> = w.clone();
-    env.extend(config.iter().map(|(a, b)| (a.clone(), *b)));
+    let env = env_of(w, &config);
     let mut sig = BodySig::from_task(task, backend, Some(&k.file));
     sig.template_params = task
         .axes
@@ -137,20 +136,8 @@ pub fn emulate_kernel(
             threadgroup: [b(0)?, b(1)?, b(2)?],
         });
     }
-    let mut run = Prepared::new(task, w, seed)?;
-    let mut rng = Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15);
-    for sc in &k.scratch {
-        let n = expr::eval_i64(&sc.bytes, &env).map_err(|e| format!("scratch `{}`: {e}", sc.name))?;
-        let dt = sc.dtype.unwrap_or(ksearch_core::task::DType::F32);
-        let n = usize::try_from(n).map_err(|_| format!("scratch `{}`: {n} bytes", sc.name))?;
-        let mut bytes = vec![0u8; n];
-        data::fill_pattern(&mut bytes, &data::random_poison(dt, &mut rng));
-        run.buffers.push(EmuBuffer {
-            name: sc.name.clone(),
-            shape: vec![n / dt.size()],
-            bytes,
-        });
-    }
+    let mut run = Prepared::new(task, backend, w, seed)?;
+    run.add_scratch(k, &env, seed)?;
     metal_run(&k.source, &sig, &launches, &mut run.buffers, limit)?;
     let checks = run.check(task, w, reference)?;
     Ok(Some(EmuOutcome { config, checks }))
@@ -159,14 +146,14 @@ pub fn emulate_kernel(
 /// A workload's buffers for one emulated run: inputs drawn as the judge draws them, outputs
 /// poisoned with a fresh random NaN.
 struct Prepared {
+    backend: Backend,
     buffers: Vec<EmuBuffer>,
     inputs: Vec<Vec<f64>>,
     poisons: Vec<Vec<u8>>,
 }
 
 impl Prepared {
-    fn new(task: &Task, w: &Workload, seed: u64) -> Result<Prepared, String> {
-        let backend = Backend::MlxMetal;
+    fn new(task: &Task, backend: Backend, w: &Workload, seed: u64) -> Result<Prepared, String> {
         let mut rng = Rng::new(seed);
         let (mut buffers, mut inputs, mut poisons) = (Vec::new(), Vec::new(), Vec::new());
         for (i, t) in task.inputs.iter().enumerate() {
@@ -194,15 +181,37 @@ impl Prepared {
             poisons.push(p);
         }
         Ok(Prepared {
+            backend,
             buffers,
             inputs,
             poisons,
         })
     }
 
+    /// The kernel's scratch buffers, filled with a random poison.
+    fn add_scratch(&mut self, k: &KernelSpec, env: &BTreeMap<String, i64>, seed: u64) -> Result<(), String> {
+        let mut rng = Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15);
+        for sc in &k.scratch {
+            let n = expr::eval_i64(&sc.bytes, env).map_err(|e| format!("scratch `{}`: {e}", sc.name))?;
+            let dt = sc.dtype.unwrap_or(ksearch_core::task::DType::F32);
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|n| *n <= MAX_BUFFER)
+                .ok_or_else(|| format!("scratch `{}`: {n} bytes", sc.name))?;
+            let mut bytes = vec![0u8; n];
+            data::fill_pattern(&mut bytes, &data::random_poison(dt, &mut rng));
+            self.buffers.push(EmuBuffer {
+                name: sc.name.clone(),
+                shape: vec![n / dt.size()],
+                bytes,
+            });
+        }
+        Ok(())
+    }
+
     /// Every output element against the reference, with the task's tolerance for its dtype.
     fn check(&self, task: &Task, w: &Workload, reference: reference::RefFn) -> Result<Vec<(String, Check)>, String> {
-        let backend = Backend::MlxMetal;
+        let backend = self.backend;
         let refs = reference(&reference::RefArgs {
             axes: w,
             constants: &task.constants,
@@ -220,6 +229,83 @@ impl Prepared {
         }
         Ok(checks)
     }
+}
+
+/// The bytes one emulated buffer may have: emulation is for small workloads.
+const MAX_BUFFER: usize = 1 << 30;
+
+fn env_of(w: &Workload, config: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    let mut env: BTreeMap<String, i64> = w.clone();
+    env.extend(config.iter().map(|(a, b)| (a.clone(), *b)));
+    env
+}
+
+/// Compiles a kernel's source for a configuration to PTX text.
+pub type PtxOf<'a> = dyn Fn(&BTreeMap<String, i64>) -> Result<String, String> + 'a;
+
+/// Run kernel `k` of the task's `cuda` back-end in `config` on workload `w` through the PTX
+/// interpreter. `ptx` compiles the kernel's source for a configuration (the build's defines) to
+/// PTX text (NVRTC's output for a virtual architecture). The kernel's launches run in order, its
+/// arguments as the CUDA back-end passes them: inputs, outputs, scratch, then every axis as a
+/// 64-bit integer. `Ok(None)`: the kernel does not admit the workload in this configuration.
+pub fn emulate_cuda_kernel(
+    task: &Task,
+    k: &KernelSpec,
+    config: &BTreeMap<String, i64>,
+    w: &Workload,
+    seed: u64,
+    limit: Duration,
+    ptx: &PtxOf<'_>,
+) -> Result<Option<EmuOutcome>, String> {
+    let Some(config) = k.specialise(config, w) else {
+        return Ok(None);
+    };
+    let reference = builtin_reference(task)?;
+    let env = env_of(w, &config);
+    let text = ptx(&config)?;
+    let module = ksearch_ptx::load(&text).map_err(|e| format!("PTX: {e}"))?;
+    let mut run = Prepared::new(task, Backend::Cuda, w, seed)?;
+    run.add_scratch(k, &env, seed)?;
+    let nbuf = run.buffers.len();
+    let mut args: Vec<ksearch_ptx::Arg> = (0..nbuf).map(ksearch_ptx::Arg::Buffer).collect();
+    args.extend(
+        task.axes
+            .iter()
+            .map(|a| ksearch_ptx::Arg::Word(w.get(a).copied().unwrap_or(0) as u64)),
+    );
+    let eval = |e: &str, what: &str| -> Result<u32, String> {
+        let v = expr::eval_i64(e, &env).map_err(|err| format!("{what} `{e}`: {err}"))?;
+        u32::try_from(v).map_err(|_| format!("{what} `{e}` = {v}"))
+    };
+    let deadline = std::time::Instant::now() + limit;
+    let mut bufs: Vec<Vec<u8>> = run.buffers.iter_mut().map(|b| std::mem::take(&mut b.bytes)).collect();
+    for l in &k.launches {
+        let g = |i: usize| eval(&l.grid[i], &format!("launch `{}` grid", l.entry));
+        let b = |i: usize| eval(&l.block[i], &format!("launch `{}` block", l.entry));
+        let launch = ksearch_ptx::Launch {
+            entry: l.entry.clone(),
+            grid: [g(0)?, g(1)?, g(2)?],
+            block: [b(0)?, b(1)?, b(2)?],
+            dynamic_shared: eval(&l.shared, &format!("launch `{}` shared", l.entry))?,
+        };
+        let lim = ksearch_ptx::Limits {
+            deadline: Some(deadline),
+            reverse: seed % 2 == 1,
+            ..Default::default()
+        };
+        ksearch_ptx::run(&module, &launch, &args, &mut bufs, &lim).map_err(|mut e| {
+            // Buffers by their tensors' names.
+            for (i, b) in run.buffers.iter().enumerate().rev() {
+                e = e.replace(&format!("of buffer {i},"), &format!("of `{}`,", b.name));
+            }
+            format!("launch `{}`: {e}", l.entry)
+        })?;
+    }
+    for (b, bytes) in run.buffers.iter_mut().zip(bufs) {
+        b.bytes = bytes;
+    }
+    let checks = run.check(task, w, reference)?;
+    Ok(Some(EmuOutcome { config, checks }))
 }
 
 fn builtin_reference(task: &Task) -> Result<reference::RefFn, String> {
@@ -259,7 +345,7 @@ pub fn emulate_file(
             eval(&threadgroup[2], "threadgroup")?,
         ],
     };
-    let mut run = Prepared::new(task, w, seed)?;
+    let mut run = Prepared::new(task, Backend::MlxMetal, w, seed)?;
     metal_run_file(src, &launch, &mut run.buffers, w, limit)?;
     Ok(EmuOutcome {
         config: BTreeMap::new(),

@@ -23,7 +23,7 @@ mod rules;
 
 pub use check::{CheckOptions, Severity, SourceLang, Violation, check, check_launch, check_source, rejected, threadgroup_bytes};
 pub use context::{ContextLevel, render_context};
-pub use emulate::{EmuOutcome, emulate_configs, emulate_file, emulate_kernel, emulate_workloads};
+pub use emulate::{EmuOutcome, emulate_configs, emulate_cuda_kernel, emulate_file, emulate_kernel, emulate_workloads};
 pub use ksearch_core::Backend;
 pub use ksearch_core::backend::{Dialect, Vendor};
 pub use metal::{BodySig, find_cxx, metal_syntax_check, wrap_body};

@@ -226,7 +226,7 @@ fn every_task_metal_kernel_computes_its_reference() {
         let Some(b) = task.backend(ksearch_core::Backend::MlxMetal) else {
             continue;
         };
-        let workloads = emulate_workloads(task);
+        let workloads = emulate_workloads(task, ksearch_core::Backend::MlxMetal);
         assert!(!workloads.is_empty(), "task `{}` has no workloads to emulate", task.name);
         for k in std::iter::once(&b.seed).chain(&b.kernels) {
             for c in emulate_configs(k, &workloads) {

@@ -1,0 +1,1787 @@
+//! Running a kernel: a grid of blocks, one block at a time; in a block, warps take turns; in a
+//! warp, the lanes at the lowest program counter execute each instruction together (so lanes
+//! that diverged reconverge where their paths meet, and a store by one lane is seen by another's
+//! later load as on the GPU). Warp-collective instructions (`shfl`, `vote`, `redux`, `ldmatrix`,
+//! `mma`, `bar.warp.sync`) wait for every live lane of their member mask; `bar.sync` waits for
+//! the block's live threads (or its count). `cp.async` copies land only at the thread's
+//! `cp.async.wait_group` that covers them, so a read before the wait sees what was there before.
+//! Shared memory starts as NaN bytes; every access is bounds- and alignment-checked.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use half::{bf16, f16};
+
+use crate::op::{Base, Cmp, Op, Rnd, Ty, flag, mode};
+use crate::parse::{AddrBase, Function, Instr, Module, Opd, Space, Special};
+
+/// Generic addresses: window `addr >> 40`: 1 the module's `.global`/`.const` variables,
+/// 2 + i buffer i, 0xF0 shared memory, 0xF1 the thread's local memory.
+const WIN: u32 = 40;
+const GLOBALS_WIN: u64 = 1;
+const SHARED_WIN: u64 = 0xF0;
+const LOCAL_WIN: u64 = 0xF1;
+const MAX_SHARED: u64 = 232_448;
+const MAX_LOCAL: u64 = 512 * 1024;
+const MAX_GLOBALS: u64 = 256 << 20;
+
+/// A kernel argument: a buffer's address, or a value (its low bytes, as wide as the parameter).
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    Buffer(usize),
+    Word(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub entry: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_shared: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Thread-instructions for the whole launch.
+    pub max_steps: u64,
+    pub deadline: Option<Instant>,
+    /// Instructions a warp runs before the next warp's turn. The default runs each warp until it
+    /// waits (at a barrier or a collective) or exits, which is how a missing `__syncthreads`
+    /// between writing shared memory and reading another warp's part of it shows: the reader
+    /// runs ahead and sees the NaN bytes shared memory starts with.
+    pub slice: u32,
+    /// Warps take turns from the last one down (a write that should wait for another warp's
+    /// reads then runs first).
+    pub reverse: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_steps: 20_000_000_000,
+            deadline: None,
+            slice: u32::MAX,
+            reverse: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Thread-instructions executed.
+    pub steps: u64,
+}
+
+pub fn buffer_address(i: usize) -> u64 {
+    (i as u64 + 2) << WIN
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum St {
+    Run,
+    Exited,
+    /// At `bar.sync` / `bar.red` of this barrier.
+    Bar(u32),
+    /// At a warp-collective instruction.
+    Warp,
+}
+
+struct Copy {
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    size: usize,
+}
+
+struct Thread {
+    pc: u32,
+    st: St,
+    regs: Vec<u64>,
+    local: Vec<u8>,
+    tid: [u32; 3],
+    linear: u32,
+    open: Vec<Copy>,
+    groups: VecDeque<Vec<Copy>>,
+}
+
+struct Mem<'a> {
+    bufs: &'a mut [Vec<u8>],
+    globals: Vec<u8>,
+    shared: Vec<u8>,
+    params: Vec<u8>,
+}
+
+type R<T> = Result<T, String>;
+
+fn sx(v: u64, bits: u32) -> i64 {
+    if bits >= 64 {
+        v as i64
+    } else {
+        ((v << (64 - bits)) as i64) >> (64 - bits)
+    }
+}
+
+fn zx(v: u64, bits: u32) -> u64 {
+    if bits >= 64 { v } else { v & ((1u64 << bits) - 1) }
+}
+
+fn f32of(v: u64) -> f32 {
+    f32::from_bits(v as u32)
+}
+
+fn ftz32(x: f32, on: bool) -> f32 {
+    if on && x.is_subnormal() { 0.0f32.copysign(x) } else { x }
+}
+
+/// Round the exact value `s + e` (with |e| below half an ulp of `s` in f64) to f32 in `rnd`.
+fn round_f32(s: f64, e: f64, rnd: Rnd) -> f32 {
+    let rn = s as f32;
+    if !rn.is_finite() || matches!(rnd, Rnd::Default | Rnd::Rn) {
+        return rn;
+    }
+    let d = (s - rn as f64) + e; // exact value minus rn
+    match rnd {
+        Rnd::Rm if d < 0.0 => rn.next_down(),
+        Rnd::Rp if d > 0.0 => rn.next_up(),
+        Rnd::Rz if d != 0.0 && (d < 0.0) == (rn > 0.0) => {
+            if rn > 0.0 {
+                rn.next_down()
+            } else {
+                rn.next_up()
+            }
+        }
+        _ => rn,
+    }
+}
+
+fn two_sum(a: f64, b: f64) -> (f64, f64) {
+    let s = a + b;
+    let bb = s - a;
+    (s, (a - (s - bb)) + (b - bb))
+}
+
+fn round_int(x: f64, rnd: Rnd) -> f64 {
+    match rnd {
+        Rnd::Rni | Rnd::Rn => x.round_ties_even(),
+        Rnd::Rmi | Rnd::Rm => x.floor(),
+        Rnd::Rpi | Rnd::Rp => x.ceil(),
+        _ => x.trunc(),
+    }
+}
+
+/// Read a 16-bit float of `ty` (f16 or bf16) as f32.
+fn h2f(v: u64, ty: Ty) -> f32 {
+    if matches!(ty, Ty::BF16 | Ty::BF16x2) {
+        bf16::from_bits(v as u16).to_f32()
+    } else {
+        f16::from_bits(v as u16).to_f32()
+    }
+}
+
+fn f2h(x: f64, ty: Ty) -> u64 {
+    if matches!(ty, Ty::BF16 | Ty::BF16x2) {
+        bf16::from_f64(x).to_bits() as u64
+    } else {
+        f16::from_f64(x).to_bits() as u64
+    }
+}
+
+fn is16(ty: Ty) -> bool {
+    matches!(ty, Ty::F16 | Ty::BF16)
+}
+fn is16x2(ty: Ty) -> bool {
+    matches!(ty, Ty::F16x2 | Ty::BF16x2)
+}
+
+struct Grid<'m> {
+    m: &'m Module,
+    f: &'m Function,
+    l: &'m Launch,
+    nthreads: u32,
+    steps: u64,
+    lim: &'m Limits,
+    ctaid: [u32; 3],
+}
+
+/// Run `launch` of `module` with `args` over `bufs` (device memory: the buffers the arguments
+/// point into). `Err`: a one-line reason (an access out of bounds or misaligned, a deadlock, an
+/// unsupported instruction, the step limit or deadline).
+pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>], lim: &Limits) -> R<Stats> {
+    let f = module
+        .function(&launch.entry)
+        .filter(|f| f.entry)
+        .ok_or_else(|| format!("no kernel `{}` in the module (it has {:?})", launch.entry, module.entries()))?;
+    if args.len() != f.params.len() {
+        return Err(format!(
+            "kernel `{}` takes {} parameters, {} given",
+            f.name,
+            f.params.len(),
+            args.len()
+        ));
+    }
+    let nthreads = launch.block.iter().map(|v| *v as u64).product::<u64>();
+    if nthreads == 0 || nthreads > 1024 {
+        return Err(format!("block {:?}: {nthreads} threads (1 to 1024)", launch.block));
+    }
+    if let Some(mx) = f.max_threads
+        && nthreads > mx as u64
+    {
+        return Err(format!("block of {nthreads} threads exceeds the kernel's .maxntid {mx}"));
+    }
+    if launch.grid.contains(&0) {
+        return Err(format!("empty grid {:?}", launch.grid));
+    }
+    // The GPU's own limits (sm_90: 227 KB of shared memory per block, 512 KB of local memory per
+    // thread) bound what a launch may ask of this process.
+    let shared = module.static_shared + launch.dynamic_shared as u64;
+    if shared > MAX_SHARED {
+        return Err(format!("{shared} bytes of shared memory per block (at most {MAX_SHARED})"));
+    }
+    if f.local_bytes > MAX_LOCAL {
+        return Err(format!(
+            "{} bytes of local memory per thread (at most {MAX_LOCAL})",
+            f.local_bytes
+        ));
+    }
+    if module.global_bytes > MAX_GLOBALS {
+        return Err(format!(
+            "{} bytes of module variables (at most {MAX_GLOBALS})",
+            module.global_bytes
+        ));
+    }
+    let mut params = vec![0u8; f.param_bytes as usize];
+    for (a, id) in args.iter().zip(&f.params) {
+        let s = &module.symbols[*id as usize];
+        let v = match a {
+            Arg::Buffer(i) => {
+                if *i >= bufs.len() {
+                    return Err(format!("argument for `{}` names buffer {i} of {}", s.name, bufs.len()));
+                }
+                buffer_address(*i)
+            }
+            Arg::Word(w) => *w,
+        };
+        let n = (s.size as usize).min(8);
+        params[s.addr as usize..s.addr as usize + n].copy_from_slice(&v.to_le_bytes()[..n]);
+    }
+    let mut globals = vec![0u8; module.global_bytes as usize];
+    for s in &module.symbols {
+        if matches!(s.space, Space::Global | Space::Const) && !s.init.is_empty() {
+            let a = s.addr as usize;
+            globals[a..a + s.init.len()].copy_from_slice(&s.init);
+        }
+    }
+    let mut mem = Mem {
+        bufs,
+        globals,
+        shared: Vec::new(),
+        params,
+    };
+    let mut g = Grid {
+        m: module,
+        f,
+        l: launch,
+        nthreads: nthreads as u32,
+        steps: 0,
+        lim,
+        ctaid: [0; 3],
+    };
+    let shared_bytes = module.static_shared as usize + launch.dynamic_shared as usize;
+    for z in 0..launch.grid[2] {
+        for y in 0..launch.grid[1] {
+            for x in 0..launch.grid[0] {
+                g.ctaid = [x, y, z];
+                mem.shared.clear();
+                mem.shared.resize(shared_bytes, 0xFF);
+                g.block(&mut mem).map_err(|e| format!("block ({x}, {y}, {z}): {e}"))?;
+            }
+        }
+    }
+    Ok(Stats { steps: g.steps })
+}
+
+impl Grid<'_> {
+    fn block(&mut self, mem: &mut Mem) -> R<()> {
+        let b = self.l.block;
+        let mut threads: Vec<Thread> = (0..self.nthreads)
+            .map(|i| Thread {
+                pc: 0,
+                st: St::Run,
+                regs: vec![0; self.f.nregs as usize],
+                local: vec![0; self.f.local_bytes as usize],
+                tid: [i % b[0], (i / b[0]) % b[1], i / (b[0] * b[1])],
+                linear: i,
+                open: Vec::new(),
+                groups: VecDeque::new(),
+            })
+            .collect();
+        let nwarps = self.nthreads.div_ceil(32) as usize;
+        let mut start = 0usize;
+        // bar.arrive counts per barrier id
+        let mut arrived = [0u32; 16];
+        loop {
+            let mut progress = false;
+            for k in 0..nwarps {
+                let w = if self.lim.reverse {
+                    nwarps - 1 - (start + k) % nwarps
+                } else {
+                    (start + k) % nwarps
+                };
+                let lo = w * 32;
+                let hi = (lo + 32).min(threads.len());
+                progress |= self.warp(&mut threads[lo..hi], mem, &mut arrived)?;
+            }
+            start = (start + 1) % nwarps;
+            if threads.iter().all(|t| t.st == St::Exited) {
+                return Ok(());
+            }
+            if self.release_barriers(&mut threads, &mut arrived)? {
+                continue;
+            }
+            if !progress {
+                let at: Vec<String> = threads
+                    .iter()
+                    .filter(|t| t.st != St::Exited)
+                    .take(4)
+                    .map(|t| {
+                        let line = self.f.instrs.get(t.pc as usize).map(|i| i.line).unwrap_or(0);
+                        format!("thread {} waits at line {line} ({:?})", t.linear, t.st)
+                    })
+                    .collect();
+                return Err(format!("deadlock: {}", at.join(", ")));
+            }
+        }
+    }
+
+    /// Release every `bar.sync` whose participants have all arrived. Exited threads count as
+    /// arrived at a barrier without a count.
+    fn release_barriers(&mut self, threads: &mut [Thread], arrived: &mut [u32; 16]) -> R<bool> {
+        let mut any = false;
+        for id in 0..16u32 {
+            let waiting: Vec<usize> = (0..threads.len()).filter(|i| threads[*i].st == St::Bar(id)).collect();
+            if waiting.is_empty() {
+                continue;
+            }
+            // The count of the first waiter's instruction (all must agree).
+            let ins = &self.f.instrs[threads[waiting[0]].pc as usize];
+            let count = match ins.args.get(1) {
+                Some(o @ (Opd::Int(_) | Opd::Reg(_))) => Some(self.read(&threads[waiting[0]], o, Ty::U32, None)? as u32),
+                _ => None,
+            };
+            let live = threads.iter().filter(|t| t.st != St::Exited).count() as u32;
+            let have = waiting.len() as u32 + arrived[id as usize];
+            let need = count.unwrap_or(live);
+            if have < need {
+                continue;
+            }
+            // bar.red: the reduction over the waiters' predicates.
+            let red = if ins.op.mode == mode::RED {
+                let pi = ins.args.len() - 1;
+                let mut c = 0u64;
+                let mut all = true;
+                let mut anyp = false;
+                for i in &waiting {
+                    let p = self.read(&threads[*i], &self.f.instrs[threads[*i].pc as usize].args[pi], Ty::Pred, None)? & 1;
+                    c += p;
+                    all &= p == 1;
+                    anyp |= p == 1;
+                }
+                Some(match ins.op.bop {
+                    mode::POPC => c,
+                    mode::AND => all as u64,
+                    _ => anyp as u64,
+                })
+            } else {
+                None
+            };
+            for i in waiting {
+                let t = &mut threads[i];
+                if let Some(v) = red {
+                    let ins = &self.f.instrs[t.pc as usize];
+                    if let Some(Opd::Reg(d)) = ins.args.first() {
+                        t.regs[*d as usize] = v;
+                    }
+                }
+                t.st = St::Run;
+                t.pc += 1;
+            }
+            arrived[id as usize] = 0;
+            any = true;
+        }
+        Ok(any)
+    }
+
+    /// Run one warp for up to a slice of instructions. Returns whether anything ran.
+    fn warp(&mut self, lanes: &mut [Thread], mem: &mut Mem, arrived: &mut [u32; 16]) -> R<bool> {
+        let mut progress = false;
+        let mut group: Vec<usize> = Vec::with_capacity(32);
+        for _ in 0..self.lim.slice {
+            let Some(pc) = lanes.iter().filter(|t| t.st == St::Run).map(|t| t.pc).min() else {
+                break;
+            };
+            group.clear();
+            group.extend((0..lanes.len()).filter(|i| lanes[*i].st == St::Run && lanes[*i].pc == pc));
+            let Some(ins) = self.f.instrs.get(pc as usize) else {
+                // Falling off the end: the thread exits.
+                for i in &group {
+                    self.exit(&mut lanes[*i], mem)?;
+                }
+                progress = true;
+                continue;
+            };
+            self.steps += group.len() as u64;
+            if self.steps > self.lim.max_steps {
+                return Err(format!(
+                    "stopped after {} thread-instructions (the step limit)",
+                    self.lim.max_steps
+                ));
+            }
+            if self.steps & 0xF_FFFF < group.len() as u64
+                && let Some(d) = self.lim.deadline
+                && Instant::now() > d
+            {
+                return Err(format!("stopped at the time limit after {} thread-instructions", self.steps));
+            }
+            progress = true;
+            if is_collective(&ins.op) {
+                // Lanes whose guard is false skip it.
+                let mut arriving = Vec::new();
+                for i in &group {
+                    if self.guard(&lanes[*i], ins)? {
+                        arriving.push(*i);
+                    } else {
+                        lanes[*i].pc += 1;
+                    }
+                }
+                for i in &arriving {
+                    lanes[*i].st = St::Warp;
+                }
+                self.try_collective(lanes, mem)?;
+                continue;
+            }
+            for i in group.iter().copied() {
+                let t = &mut lanes[i];
+                if !self.guard(t, ins)? {
+                    t.pc += 1;
+                    continue;
+                }
+                self.exec(t, ins, mem, arrived)
+                    .map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op.name))?;
+            }
+        }
+        Ok(progress)
+    }
+
+    fn guard(&self, t: &Thread, ins: &Instr) -> R<bool> {
+        Ok(match ins.guard {
+            None => true,
+            Some((r, neg)) => (t.regs[r as usize] & 1 == 1) != neg,
+        })
+    }
+
+    fn exit(&self, t: &mut Thread, mem: &mut Mem) -> R<()> {
+        // Copies never waited for still land (the GPU completes them); a read before the wait
+        // has already seen the old bytes.
+        while let Some(g) = t.groups.pop_front() {
+            land(g, t, mem)?;
+        }
+        let open = std::mem::take(&mut t.open);
+        land(open, t, mem)?;
+        t.st = St::Exited;
+        Ok(())
+    }
+
+    /// Execute the collective the waiting lanes are at, once every live lane of its mask waits.
+    fn try_collective(&mut self, lanes: &mut [Thread], mem: &mut Mem) -> R<()> {
+        let waiting: Vec<usize> = (0..lanes.len()).filter(|i| lanes[*i].st == St::Warp).collect();
+        let Some(&first) = waiting.first() else {
+            return Ok(());
+        };
+        let ins = &self.f.instrs[lanes[first].pc as usize];
+        let full: u32 = if lanes.len() == 32 {
+            u32::MAX
+        } else {
+            (1u32 << lanes.len()) - 1
+        };
+        let mask = match ins.op.base {
+            Base::Ldmatrix | Base::Mma => full,
+            _ => match ins.args.last() {
+                Some(o @ (Opd::Int(_) | Opd::Reg(_))) => self.read(&lanes[first], o, Ty::B32, None)? as u32 & full,
+                _ => full,
+            },
+        };
+        let live = (0..lanes.len()).filter(|i| mask >> i & 1 == 1 && lanes[*i].st != St::Exited);
+        let ready = live.clone().all(|i| lanes[i].st == St::Warp);
+        if !ready {
+            return Ok(());
+        }
+        let members: Vec<usize> = live.collect();
+        let pc = lanes[first].pc;
+        if members.iter().any(|i| lanes[*i].pc != pc) && matches!(ins.op.base, Base::Ldmatrix | Base::Mma) {
+            return Err(format!(
+                "line {}: `{}` reached by lanes at different instructions",
+                ins.line, ins.op.name
+            ));
+        }
+        let r = self.collective(lanes, &members, mask, mem);
+        r.map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op.name))?;
+        for i in members {
+            lanes[i].st = St::Run;
+            lanes[i].pc += 1;
+        }
+        // Lanes waiting outside this mask wait on.
+        Ok(())
+    }
+
+    fn collective(&mut self, lanes: &mut [Thread], members: &[usize], mask: u32, mem: &mut Mem) -> R<()> {
+        let ins0 = &self.f.instrs[lanes[members[0]].pc as usize];
+        match ins0.op.base {
+            Base::BarWarp => Ok(()),
+            Base::Shfl => {
+                // Every lane's source value first, then the results.
+                let mut vals = [0xFFFF_FFFFu64; 32];
+                for i in members {
+                    let ins = &self.f.instrs[lanes[*i].pc as usize];
+                    vals[*i] = self.read(&lanes[*i], &ins.args[1], Ty::B32, None)?;
+                }
+                for i in members {
+                    let ins = &self.f.instrs[lanes[*i].pc as usize];
+                    let t = &lanes[*i];
+                    let b = self.read(t, &ins.args[2], Ty::U32, None)? as u32;
+                    let c = self.read(t, &ins.args[3], Ty::U32, None)? as u32;
+                    let lane = *i as u32;
+                    let seg = (c >> 8) & 0x1f;
+                    let clamp = c & 0x1f;
+                    let max_lane = (lane & seg) | (clamp & !seg);
+                    let min_lane = lane & seg;
+                    let (j, ok) = match ins.op.mode {
+                        mode::UP => {
+                            let j = lane as i64 - b as i64;
+                            (j, j >= max_lane as i64)
+                        }
+                        mode::DOWN => {
+                            let j = lane as i64 + b as i64;
+                            (j, j <= max_lane as i64)
+                        }
+                        mode::BFLY => {
+                            let j = (lane ^ b) as i64;
+                            (j, j <= max_lane as i64)
+                        }
+                        _ => {
+                            let j = (min_lane | (b & 0x1f & !seg)) as i64;
+                            (j, j <= max_lane as i64)
+                        }
+                    };
+                    let src = if ok { j as usize } else { *i };
+                    let v = if src < lanes.len() && mask >> src & 1 == 1 {
+                        vals[src]
+                    } else {
+                        0xFFFF_FFFF
+                    };
+                    let (d, p) = match &ins.args[0] {
+                        Opd::Pair(d, p) => (Some(*d), Some(*p)),
+                        Opd::Reg(d) => (Some(*d), None),
+                        _ => (None, None),
+                    };
+                    let t = &mut lanes[*i];
+                    if let Some(d) = d {
+                        t.regs[d as usize] = v;
+                    }
+                    if let Some(p) = p {
+                        t.regs[p as usize] = ok as u64;
+                    }
+                }
+                Ok(())
+            }
+            Base::Vote | Base::Redux => {
+                let mut preds = 0u32;
+                let mut vals = Vec::new();
+                for i in members {
+                    let ins = &self.f.instrs[lanes[*i].pc as usize];
+                    let ty = if ins.op.base == Base::Vote { Ty::Pred } else { ins.op.ty };
+                    let v = self.read(&lanes[*i], &ins.args[1], ty, None)?;
+                    if v & 1 == 1 {
+                        preds |= 1 << i;
+                    }
+                    vals.push(v);
+                }
+                let op = &ins0.op;
+                let result: u64 = if op.base == Base::Vote {
+                    match op.mode {
+                        mode::ALL => (preds == mask_of(members)) as u64,
+                        mode::ANY => (preds != 0) as u64,
+                        mode::UNI => (preds == 0 || preds == mask_of(members)) as u64,
+                        _ => preds as u64,
+                    }
+                } else {
+                    let signed = op.ty.signed();
+                    let it = vals.iter().map(|v| *v as u32);
+                    match op.mode {
+                        mode::ADD => it.fold(0u32, |a, b| a.wrapping_add(b)) as u64,
+                        mode::MIN if signed => it.map(|v| v as i32).min().unwrap_or(0) as u32 as u64,
+                        mode::MAX if signed => it.map(|v| v as i32).max().unwrap_or(0) as u32 as u64,
+                        mode::MIN => it.min().unwrap_or(0) as u64,
+                        mode::MAX => it.max().unwrap_or(0) as u64,
+                        mode::AND => it.fold(u32::MAX, |a, b| a & b) as u64,
+                        mode::OR => it.fold(0, |a, b| a | b) as u64,
+                        mode::XOR => it.fold(0, |a, b| a ^ b) as u64,
+                        _ => return Err("unsupported redux operation".into()),
+                    }
+                };
+                for i in members {
+                    let ins = &self.f.instrs[lanes[*i].pc as usize];
+                    if let Opd::Reg(d) = ins.args[0] {
+                        lanes[*i].regs[d as usize] = result;
+                    }
+                }
+                Ok(())
+            }
+            Base::Ldmatrix => self.ldmatrix(lanes, members, mem),
+            Base::Mma => self.mma(lanes, members),
+            _ => Err("not a collective".into()),
+        }
+    }
+
+    fn ldmatrix(&mut self, lanes: &mut [Thread], members: &[usize], mem: &mut Mem) -> R<()> {
+        let ins = &self.f.instrs[lanes[members[0]].pc as usize];
+        let n = ins.op.shape[0].max(1) as usize;
+        let trans = ins.op.flags & flag::TRANS != 0;
+        let space = if ins.op.space == Space::Generic {
+            Space::Generic
+        } else {
+            Space::Shared
+        };
+        let mut rows = [0u64; 32];
+        for i in members {
+            rows[*i] = self.address(&lanes[*i], &ins.args[1])?;
+        }
+        if members.len() < 32 {
+            return Err("ldmatrix needs all 32 lanes".into());
+        }
+        let mut out = [[0u64; 4]; 32];
+        for m in 0..n {
+            for (t, o) in out.iter_mut().enumerate() {
+                let (a0, a1) = if trans {
+                    let r0 = rows[8 * m + 2 * (t % 4)];
+                    let r1 = rows[8 * m + 2 * (t % 4) + 1];
+                    (r0 + 2 * (t / 4) as u64, r1 + 2 * (t / 4) as u64)
+                } else {
+                    let r = rows[8 * m + t / 4];
+                    (r + 4 * (t % 4) as u64, r + 4 * (t % 4) as u64 + 2)
+                };
+                let lo = self.load(&lanes[t], mem, space, a0, 2)?;
+                let hi = self.load(&lanes[t], mem, space, a1, 2)?;
+                o[m] = lo | hi << 16;
+            }
+        }
+        for i in members {
+            let Opd::Vec(d) = &ins.args[0] else {
+                return Err("ldmatrix needs a vector destination".into());
+            };
+            for (m, r) in d.iter().enumerate().take(n) {
+                if let Opd::Reg(r) = r {
+                    lanes[*i].regs[*r as usize] = out[*i][m];
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn mma(&mut self, lanes: &mut [Thread], members: &[usize]) -> R<()> {
+        let ins = &self.f.instrs[lanes[members[0]].pc as usize];
+        if members.len() < 32 {
+            return Err("mma.sync needs all 32 lanes".into());
+        }
+        let [m, n, k] = ins.op.shape;
+        let tys = &ins.op.tys;
+        if tys.len() != 4 || !(is16(tys[1]) || tys[1] == Ty::TF32) || tys[1] != tys[2] {
+            return Err("unsupported mma types (f16, bf16 or tf32 inputs)".into());
+        }
+        let tf32 = tys[1] == Ty::TF32;
+        let shape_ok = m == 16 && n == 8 && if tf32 { k == 4 || k == 8 } else { k == 8 || k == 16 };
+        if !shape_ok {
+            return Err(format!("unsupported mma shape m{m}n{n}k{k} for {:?}", tys[1]));
+        }
+        let (dty, aty, cty) = (tys[0], tys[1], tys[3]);
+        let k = k as usize;
+        let mut a = vec![[0f32; 16]; 16];
+        let mut b = vec![[0f32; 8]; 16];
+        let mut c = [[0f32; 8]; 16];
+        let vecs = |o: &Opd| -> R<Vec<u32>> {
+            match o {
+                Opd::Vec(v) => v
+                    .iter()
+                    .map(|x| match x {
+                        Opd::Reg(r) => Ok(*r),
+                        _ => Err("mma operands must be registers".to_string()),
+                    })
+                    .collect(),
+                _ => Err("mma operands must be vectors".into()),
+            }
+        };
+        let (dv, av, bv, cv) = (
+            vecs(&ins.args[0])?,
+            vecs(&ins.args[1])?,
+            vecs(&ins.args[2])?,
+            vecs(&ins.args[3])?,
+        );
+        for (lane, t) in lanes.iter().enumerate() {
+            let g = lane / 4;
+            let q = lane % 4;
+            if tf32 {
+                // One element per register; the low 13 mantissa bits are ignored.
+                let tf = |v: u64| f32::from_bits(v as u32 & 0xFFFF_E000);
+                for (ri, r) in av.iter().enumerate() {
+                    a[g + 8 * (ri % 2)][q + 4 * (ri / 2)] = tf(t.regs[*r as usize]);
+                }
+                for (ri, r) in bv.iter().enumerate() {
+                    b[q + 4 * ri][g] = tf(t.regs[*r as usize]);
+                }
+            } else {
+                for (ri, r) in av.iter().enumerate() {
+                    let v = t.regs[*r as usize];
+                    let row = g + 8 * (ri % 2);
+                    let col = 2 * q + 8 * (ri / 2);
+                    a[row][col] = h2f(v, aty);
+                    a[row][col + 1] = h2f(v >> 16, aty);
+                }
+                for (ri, r) in bv.iter().enumerate() {
+                    let v = t.regs[*r as usize];
+                    let row = 2 * q + 8 * ri;
+                    b[row][g] = h2f(v, aty);
+                    b[row + 1][g] = h2f(v >> 16, aty);
+                }
+            }
+            if cty == Ty::F32 {
+                for (ri, r) in cv.iter().enumerate() {
+                    c[g + 8 * (ri / 2)][2 * q + ri % 2] = f32of(t.regs[*r as usize]);
+                }
+            } else {
+                for (ri, r) in cv.iter().enumerate() {
+                    let v = t.regs[*r as usize];
+                    c[g + 8 * ri][2 * q] = h2f(v, cty);
+                    c[g + 8 * ri][2 * q + 1] = h2f(v >> 16, cty);
+                }
+            }
+        }
+        let mut d = [[0f64; 8]; 16];
+        for (i, row) in d.iter_mut().enumerate() {
+            for (j, x) in row.iter_mut().enumerate() {
+                let mut s = c[i][j] as f64;
+                for kk in 0..k {
+                    s += a[i][kk] as f64 * b[kk][j] as f64;
+                }
+                *x = s;
+            }
+        }
+        for (lane, t) in lanes.iter_mut().enumerate() {
+            let g = lane / 4;
+            let q = lane % 4;
+            if dty == Ty::F32 {
+                for (ri, r) in dv.iter().enumerate() {
+                    t.regs[*r as usize] = (d[g + 8 * (ri / 2)][2 * q + ri % 2] as f32).to_bits() as u64;
+                }
+            } else {
+                for (ri, r) in dv.iter().enumerate() {
+                    let lo = f2h(d[g + 8 * ri][2 * q], dty);
+                    let hi = f2h(d[g + 8 * ri][2 * q + 1], dty);
+                    t.regs[*r as usize] = lo | hi << 16;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn special(&self, t: &Thread, s: Special) -> u64 {
+        let b = self.l.block;
+        let lane = t.linear % 32;
+        match s {
+            Special::Tid(d) => t.tid[d as usize] as u64,
+            Special::Ntid(d) => b[d as usize] as u64,
+            Special::Ctaid(d) => self.ctaid[d as usize] as u64,
+            Special::Nctaid(d) => self.l.grid[d as usize] as u64,
+            Special::LaneId => lane as u64,
+            Special::WarpId => (t.linear / 32) as u64,
+            Special::NWarpId => self.nthreads.div_ceil(32) as u64,
+            Special::SmId | Special::GridId => 0,
+            Special::NSmId => 1,
+            Special::LaneMask(k) => {
+                let bit = 1u64 << lane;
+                (match k {
+                    0 => bit,
+                    1 => (bit << 1) - 1,
+                    2 => bit - 1,
+                    3 => !(bit - 1),
+                    _ => !((bit << 1) - 1),
+                }) & 0xFFFF_FFFF
+            }
+            Special::Clock | Special::Clock64 | Special::GlobalTimer => self.steps,
+            Special::DynSmem => self.l.dynamic_shared as u64,
+            Special::TotalSmem => self.m.static_shared + self.l.dynamic_shared as u64,
+        }
+    }
+
+    fn sym_addr(&self, s: u32) -> u64 {
+        let sym = &self.m.symbols[s as usize];
+        match sym.space {
+            Space::Global | Space::Const => (GLOBALS_WIN << WIN) + sym.addr,
+            _ => sym.addr,
+        }
+    }
+
+    /// An operand's bits for type `ty` (a literal converted to it).
+    fn read(&self, t: &Thread, o: &Opd, ty: Ty, _m: Option<&Mem>) -> R<u64> {
+        Ok(match o {
+            Opd::Reg(r) => t.regs[*r as usize],
+            Opd::NotReg(r) => (t.regs[*r as usize] & 1) ^ 1,
+            Opd::Int(v) => match ty {
+                Ty::F32 => (*v as f32).to_bits() as u64,
+                Ty::F64 => (*v as f64).to_bits(),
+                Ty::F16 | Ty::BF16 => f2h(*v as f64, ty),
+                _ => *v as u64,
+            },
+            Opd::F32(b) => match ty {
+                Ty::F64 => (f32::from_bits(*b) as f64).to_bits(),
+                Ty::F16 | Ty::BF16 => f2h(f32::from_bits(*b) as f64, ty),
+                _ => *b as u64,
+            },
+            Opd::F64(b) => match ty {
+                Ty::F32 => (f64::from_bits(*b) as f32).to_bits() as u64,
+                Ty::F16 | Ty::BF16 => f2h(f64::from_bits(*b), ty),
+                _ => *b,
+            },
+            Opd::Special(s) => self.special(t, *s),
+            Opd::Sym(s) => self.sym_addr(*s),
+            Opd::Addr(..) => self.address(t, o)?,
+            Opd::Vec(v) => {
+                // Packing: `mov.b32 %r, {%h0, %h1}`.
+                let w = ty.bits() / v.len().max(1) as u32;
+                let mut acc = 0u64;
+                for (i, x) in v.iter().enumerate() {
+                    acc |= zx(self.read(t, x, Ty::None, None)?, w) << (w * i as u32);
+                }
+                acc
+            }
+            Opd::Sink => 0,
+            Opd::Pair(..) | Opd::Label(_) => return Err("unexpected operand".into()),
+        })
+    }
+
+    fn address(&self, t: &Thread, o: &Opd) -> R<u64> {
+        match o {
+            Opd::Addr(b, off) => {
+                let base = match b {
+                    AddrBase::None => 0,
+                    AddrBase::Reg(r) => t.regs[*r as usize],
+                    AddrBase::Sym(s) => self.sym_addr(*s),
+                };
+                Ok(base.wrapping_add(*off as u64))
+            }
+            Opd::Reg(r) => Ok(t.regs[*r as usize]),
+            _ => Err("expected an address".into()),
+        }
+    }
+
+    fn write(t: &mut Thread, o: &Opd, v: u64) -> R<()> {
+        match o {
+            Opd::Reg(r) => t.regs[*r as usize] = v,
+            Opd::Sink => {}
+            _ => return Err("the destination is not a register".into()),
+        }
+        Ok(())
+    }
+
+    /// Where `addr` of `space` lives: (region, offset). Region 0: globals, 1: shared, 2: local,
+    /// 3: params, 4 + i: buffer i.
+    fn locate(&self, mem: &Mem, space: Space, addr: u64, n: usize) -> R<(usize, usize)> {
+        let (region, off, len, what) = match space {
+            Space::Shared => (1usize, addr, mem.shared.len(), "shared memory".to_string()),
+            Space::Param => (3, addr, mem.params.len(), "the parameters".to_string()),
+            Space::Local => (2, addr, self.f.local_bytes as usize, "local memory".to_string()),
+            Space::Global | Space::Const | Space::Generic => {
+                let w = addr >> WIN;
+                let off = addr & ((1u64 << WIN) - 1);
+                match w {
+                    GLOBALS_WIN => (0, off, mem.globals.len(), "the module's variables".to_string()),
+                    SHARED_WIN if space == Space::Generic => (1, off, mem.shared.len(), "shared memory".to_string()),
+                    LOCAL_WIN if space == Space::Generic => (2, off, self.f.local_bytes as usize, "local memory".to_string()),
+                    w if w >= 2 && ((w - 2) as usize) < mem.bufs.len() => {
+                        let i = (w - 2) as usize;
+                        (4 + i, off, mem.bufs[i].len(), format!("buffer {i}"))
+                    }
+                    _ => return Err(format!("access to {addr:#x}, which is no memory of the launch")),
+                }
+            }
+        };
+        if !(off as usize).is_multiple_of(n) {
+            return Err(format!("misaligned {n}-byte access at byte {off} of {what}"));
+        }
+        if off.checked_add(n as u64).is_none_or(|e| e > len as u64) {
+            return Err(format!("{n}-byte access at byte {off} of {what}, which has {len} bytes"));
+        }
+        Ok((region, off as usize))
+    }
+
+    fn load(&self, t: &Thread, mem: &Mem, space: Space, addr: u64, n: usize) -> R<u64> {
+        let (r, off) = self.locate(mem, space, addr, n)?;
+        let src: &[u8] = match r {
+            0 => &mem.globals,
+            1 => &mem.shared,
+            2 => &t.local,
+            3 => &mem.params,
+            i => &mem.bufs[i - 4],
+        };
+        let mut b = [0u8; 8];
+        b[..n].copy_from_slice(&src[off..off + n]);
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn store(&self, t: &mut Thread, mem: &mut Mem, space: Space, addr: u64, n: usize, v: u64) -> R<()> {
+        let (r, off) = self.locate(mem, space, addr, n)?;
+        let dst: &mut [u8] = match r {
+            0 => &mut mem.globals,
+            1 => &mut mem.shared,
+            2 => &mut t.local,
+            3 => return Err("a store to the parameters".into()),
+            i => &mut mem.bufs[i - 4],
+        };
+        dst[off..off + n].copy_from_slice(&v.to_le_bytes()[..n]);
+        Ok(())
+    }
+
+    fn exec(&mut self, t: &mut Thread, ins: &Instr, mem: &mut Mem, arrived: &mut [u32; 16]) -> R<()> {
+        let op = &ins.op;
+        let a = &ins.args;
+        let arg = |i: usize| -> R<&Opd> { a.get(i).ok_or_else(|| format!("operand {} missing", i + 1)) };
+        let mut next = t.pc + 1;
+        match op.base {
+            Base::Bra => {
+                let Opd::Label(l) = arg(0)? else {
+                    return Err("an indirect branch".into());
+                };
+                next = *l;
+            }
+            Base::Ret | Base::Exit => {
+                self.exit(t, mem)?;
+                return Ok(());
+            }
+            Base::Nop => {}
+            Base::Bar => {
+                let id = self.read(t, arg(0)?, Ty::U32, None)? as u32;
+                if id >= 16 {
+                    return Err(format!("barrier {id} (0 to 15)"));
+                }
+                if op.mode == mode::ARRIVE {
+                    arrived[id as usize] += 1;
+                } else {
+                    t.st = St::Bar(id);
+                    return Ok(());
+                }
+            }
+            Base::Mov => {
+                let v = self.read(t, arg(1)?, op.ty, None)?;
+                match arg(0)? {
+                    Opd::Vec(d) => {
+                        let w = op.ty.bits() / d.len().max(1) as u32;
+                        for (i, x) in d.iter().enumerate() {
+                            Self::write(t, x, zx(v >> (w * i as u32), w))?;
+                        }
+                    }
+                    d => Self::write(t, d, v)?,
+                }
+            }
+            Base::Ld => {
+                let addr = self.address(t, arg(1)?)?;
+                let n = op.ty.bytes();
+                let dsts: Vec<Opd> = match arg(0)? {
+                    Opd::Vec(v) => v.clone(),
+                    d => vec![d.clone()],
+                };
+                for (i, d) in dsts.iter().enumerate() {
+                    let raw = self.load(t, mem, op.space, addr + (i * n) as u64, n)?;
+                    let v = if op.ty.signed() { sx(raw, op.ty.bits()) as u64 } else { raw };
+                    Self::write(t, d, v)?;
+                }
+            }
+            Base::St => {
+                let addr = self.address(t, arg(0)?)?;
+                let n = op.ty.bytes();
+                let srcs: Vec<Opd> = match arg(1)? {
+                    Opd::Vec(v) => v.clone(),
+                    s => vec![s.clone()],
+                };
+                for (i, s) in srcs.iter().enumerate() {
+                    let v = self.read(t, s, op.ty, None)?;
+                    self.store(t, mem, op.space, addr + (i * n) as u64, n, v)?;
+                }
+            }
+            Base::Cvta => {
+                let v = self.read(t, arg(1)?, Ty::U64, None)?;
+                let base = match op.space {
+                    Space::Shared => SHARED_WIN << WIN,
+                    Space::Local => LOCAL_WIN << WIN,
+                    _ => 0,
+                };
+                let r = if op.flags & flag::TO != 0 {
+                    if base != 0 && v >> WIN == base >> WIN { v - base } else { v }
+                } else {
+                    v + base
+                };
+                Self::write(t, arg(0)?, zx(r, op.ty.bits()))?;
+            }
+            Base::CpAsync => {
+                let dst = self.address(t, arg(0)?)?;
+                let src = self.address(t, arg(1)?)?;
+                let size = self.read(t, arg(2)?, Ty::U32, None)? as usize;
+                let bytes = match a.get(3) {
+                    Some(o @ (Opd::Int(_) | Opd::Reg(_))) => self.read(t, o, Ty::U32, None)? as usize,
+                    _ => size,
+                };
+                if !matches!(size, 4 | 8 | 16) {
+                    return Err(format!("cp.async of {size} bytes"));
+                }
+                // Check both ends now, as the GPU faults at issue.
+                self.locate(mem, Space::Shared, dst, size)?;
+                if bytes > 0 {
+                    self.locate(mem, Space::Global, src, bytes.min(size).next_power_of_two())?;
+                }
+                t.open.push(Copy {
+                    dst,
+                    src,
+                    bytes: bytes.min(size),
+                    size,
+                });
+            }
+            Base::CpAsyncCommit => {
+                let g = std::mem::take(&mut t.open);
+                t.groups.push_back(g);
+            }
+            Base::CpAsyncWait | Base::CpAsyncWaitAll => {
+                let keep = if op.base == Base::CpAsyncWait {
+                    self.read(t, arg(0)?, Ty::U32, None)? as usize
+                } else {
+                    let g = std::mem::take(&mut t.open);
+                    t.groups.push_back(g);
+                    0
+                };
+                while t.groups.len() > keep {
+                    let g = t.groups.pop_front().unwrap_or_default();
+                    land(g, t, mem)?;
+                }
+            }
+            Base::Atom | Base::Red => {
+                let (ai, vi) = if op.base == Base::Atom { (1, 2) } else { (0, 1) };
+                let addr = self.address(t, arg(ai)?)?;
+                let ty = op.ty;
+                let n = ty.bytes();
+                let old = self.load(t, mem, op.space, addr, n)?;
+                let b = self.read(t, arg(vi)?, ty, None)?;
+                let bits = ty.bits();
+                let new = match op.mode {
+                    mode::ADD => match ty {
+                        Ty::F32 => (f32of(old) + f32of(b)).to_bits() as u64,
+                        Ty::F64 => (f64::from_bits(old) + f64::from_bits(b)).to_bits(),
+                        Ty::F16 | Ty::BF16 => f2h(h2f(old, ty) as f64 + h2f(b, ty) as f64, ty),
+                        Ty::F16x2 | Ty::BF16x2 => {
+                            f2h(h2f(old, ty) as f64 + h2f(b, ty) as f64, ty)
+                                | f2h(h2f(old >> 16, ty) as f64 + h2f(b >> 16, ty) as f64, ty) << 16
+                        }
+                        _ => old.wrapping_add(b),
+                    },
+                    mode::MIN if ty.signed() => sx(old, bits).min(sx(b, bits)) as u64,
+                    mode::MAX if ty.signed() => sx(old, bits).max(sx(b, bits)) as u64,
+                    mode::MIN => zx(old, bits).min(zx(b, bits)),
+                    mode::MAX => zx(old, bits).max(zx(b, bits)),
+                    mode::AND => old & b,
+                    mode::OR => old | b,
+                    mode::XOR => old ^ b,
+                    mode::EXCH => b,
+                    mode::CAS => {
+                        let c = self.read(t, arg(3)?, ty, None)?;
+                        if zx(old, bits) == zx(b, bits) { c } else { old }
+                    }
+                    mode::INC => {
+                        if zx(old, bits) >= zx(b, bits) {
+                            0
+                        } else {
+                            old + 1
+                        }
+                    }
+                    mode::DEC => {
+                        if zx(old, bits) == 0 || zx(old, bits) > zx(b, bits) {
+                            b
+                        } else {
+                            old - 1
+                        }
+                    }
+                    _ => return Err("unsupported atomic operation".into()),
+                };
+                self.store(t, mem, op.space, addr, n, zx(new, bits))?;
+                if op.base == Base::Atom {
+                    Self::write(t, arg(0)?, old)?;
+                }
+            }
+            Base::Setp | Base::Set => {
+                let ty = if op.base == Base::Set { op.ty2 } else { op.ty };
+                let x = self.read(t, arg(1)?, ty, None)?;
+                let y = self.read(t, arg(2)?, ty, None)?;
+                let mut r = compare(op.cmp, ty, x, y)?;
+                let mut nr = !r;
+                if op.bop != mode::NONE {
+                    let c = self.read(t, arg(3)?, Ty::Pred, None)? & 1 == 1;
+                    let comb = |v: bool| match op.bop {
+                        mode::AND => v && c,
+                        mode::OR => v || c,
+                        _ => v ^ c,
+                    };
+                    r = comb(r);
+                    nr = comb(nr);
+                }
+                match arg(0)? {
+                    Opd::Pair(p, q) => {
+                        t.regs[*p as usize] = r as u64;
+                        t.regs[*q as usize] = nr as u64;
+                    }
+                    d if op.base == Base::Setp => Self::write(t, d, r as u64)?,
+                    d => {
+                        let v = match op.ty {
+                            Ty::F32 => {
+                                if r {
+                                    1f32.to_bits() as u64
+                                } else {
+                                    0
+                                }
+                            }
+                            dt => {
+                                if r {
+                                    zx(u64::MAX, dt.bits())
+                                } else {
+                                    0
+                                }
+                            }
+                        };
+                        Self::write(t, d, v)?;
+                    }
+                }
+            }
+            Base::Selp => {
+                let x = self.read(t, arg(1)?, op.ty, None)?;
+                let y = self.read(t, arg(2)?, op.ty, None)?;
+                let c = self.read(t, arg(3)?, Ty::Pred, None)? & 1 == 1;
+                Self::write(t, arg(0)?, if c { x } else { y })?;
+            }
+            Base::Cvt if is16x2(op.ty) => {
+                // `cvt.rn.f16x2.f32 d, a, b`: a in the upper half.
+                let x = self.read(t, arg(1)?, op.ty2, None)?;
+                let y = self.read(t, arg(2)?, op.ty2, None)?;
+                let (x, y) = (fval(x, op.ty2), fval(y, op.ty2));
+                let x = if op.flags & flag::RELU != 0 { relu(x) } else { x };
+                let y = if op.flags & flag::RELU != 0 { relu(y) } else { y };
+                Self::write(t, arg(0)?, f2h(x, op.ty) << 16 | f2h(y, op.ty))?;
+            }
+            Base::Cvt => {
+                let v = self.read(t, arg(1)?, op.ty2, None)?;
+                let r = convert(op, v)?;
+                Self::write(t, arg(0)?, r)?;
+            }
+            Base::Prmt => {
+                let x = self.read(t, arg(1)?, Ty::B32, None)? as u32;
+                let y = self.read(t, arg(2)?, Ty::B32, None)? as u32;
+                let s = self.read(t, arg(3)?, Ty::B32, None)? as u32;
+                let bytes = ((y as u64) << 32 | x as u64).to_le_bytes();
+                let mut r = 0u32;
+                for i in 0..4 {
+                    let sel = (s >> (4 * i)) & 0xF;
+                    let mut byte = bytes[(sel & 7) as usize];
+                    if sel & 8 != 0 {
+                        byte = if byte & 0x80 != 0 { 0xFF } else { 0 };
+                    }
+                    r |= (byte as u32) << (8 * i);
+                }
+                Self::write(t, arg(0)?, r as u64)?;
+            }
+            Base::Ldmatrix | Base::Mma | Base::Shfl | Base::Vote | Base::Redux | Base::BarWarp => {
+                return Err("a collective outside the warp scheduler".into());
+            }
+            Base::Activemask => {
+                // The lanes running this instruction together are not known here; the warp's
+                // live lanes are what compilers use it for.
+                Self::write(t, arg(0)?, 0xFFFF_FFFF)?;
+            }
+            _ => {
+                let v = self.arith(t, ins)?;
+                Self::write(t, arg(0)?, v)?;
+            }
+        }
+        t.pc = next;
+        Ok(())
+    }
+
+    /// Arithmetic, logic, shifts and math functions: one result.
+    fn arith(&self, t: &Thread, ins: &Instr) -> R<u64> {
+        let op = &ins.op;
+        let a = &ins.args;
+        let ty = op.ty;
+        let get = |i: usize, ty: Ty| -> R<u64> {
+            let o = a.get(i).ok_or_else(|| format!("operand {} missing", i + 1))?;
+            self.read(t, o, ty, None)
+        };
+        let bits = ty.bits();
+        let ftz = op.flags & flag::FTZ != 0;
+        let sat = op.flags & flag::SAT != 0;
+        let base = op.base;
+        // Packed halves: lane-wise over the two 16-bit values.
+        if is16x2(ty) && !matches!(base, Base::And | Base::Or | Base::Xor | Base::Not | Base::Mov) {
+            let half_ty = if ty == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
+            let n = a.len() - 1;
+            let mut out = 0u64;
+            for h in 0..2 {
+                let mut xs = [0f64; 3];
+                for (i, x) in xs.iter_mut().enumerate().take(n) {
+                    let v = get(i + 1, ty)? >> (16 * h);
+                    *x = h2f(v, half_ty) as f64;
+                }
+                let r = float_op(op, &xs[..n], half_ty)?;
+                out |= f2h(r, half_ty) << (16 * h);
+            }
+            return Ok(out);
+        }
+        if ty.float() {
+            let n = a.len() - 1;
+            let mut xs = [0f64; 3];
+            let mut raw = [0u64; 3];
+            for i in 0..n.min(3) {
+                raw[i] = get(i + 1, ty)?;
+                xs[i] = match ty {
+                    Ty::F32 => ftz32(f32of(raw[i]), ftz) as f64,
+                    Ty::F64 => f64::from_bits(raw[i]),
+                    _ => h2f(raw[i], ty) as f64,
+                };
+            }
+            // Sign operations work on the bits (they keep NaN payloads).
+            match base {
+                Base::Neg => return Ok(raw[0] ^ (1u64 << (bits - 1))),
+                Base::Abs => return Ok(raw[0] & !(1u64 << (bits - 1))),
+                _ => {}
+            }
+            if ty == Ty::F32 {
+                let r = f32_op(op, &xs[..n])?;
+                let r = ftz32(r, ftz);
+                let r = if sat { sat01(r as f64) as f32 } else { r };
+                return Ok(r.to_bits() as u64);
+            }
+            let r = float_op(op, &xs[..n], ty)?;
+            let r = if sat { sat01(r) } else { r };
+            return Ok(match ty {
+                Ty::F64 => r.to_bits(),
+                _ => f2h(r, ty),
+            });
+        }
+        // Integers and bits.
+        let s = ty.signed();
+        let ival = |v: u64| -> i128 { if s { sx(v, bits) as i128 } else { zx(v, bits) as i128 } };
+        let wide = op.flags & flag::WIDE != 0;
+        let hi = op.flags & flag::HI != 0;
+        let out_bits = if wide { bits * 2 } else { bits };
+        let r: i128 = match base {
+            Base::Add | Base::Sub => {
+                let (x, y) = (ival(get(1, ty)?), ival(get(2, ty)?));
+                let r = if base == Base::Add { x + y } else { x - y };
+                if sat && s {
+                    r.clamp(-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+                } else {
+                    r
+                }
+            }
+            Base::Mul | Base::Mad | Base::Mul24 | Base::Mad24 => {
+                let (mut x, mut y) = (ival(get(1, ty)?), ival(get(2, ty)?));
+                if matches!(base, Base::Mul24 | Base::Mad24) {
+                    let k = |v: i128| {
+                        if s {
+                            sx(v as u64, 24) as i128
+                        } else {
+                            zx(v as u64, 24) as i128
+                        }
+                    };
+                    x = k(x);
+                    y = k(y);
+                }
+                let p = x * y;
+                let p = if hi {
+                    if bits == 64 {
+                        // the high 64 bits of the 128-bit product
+                        if s { p >> 64 } else { ((p as u128) >> 64) as i128 }
+                    } else {
+                        p >> bits
+                    }
+                } else {
+                    p
+                };
+                if matches!(base, Base::Mad | Base::Mad24) {
+                    let cty = if wide {
+                        match ty {
+                            Ty::S32 => Ty::S64,
+                            Ty::U32 => Ty::U64,
+                            Ty::S16 => Ty::S32,
+                            _ => Ty::U32,
+                        }
+                    } else {
+                        ty
+                    };
+                    let c = get(3, cty)?;
+                    let c = if cty.signed() {
+                        sx(c, cty.bits()) as i128
+                    } else {
+                        zx(c, cty.bits()) as i128
+                    };
+                    let r = p.wrapping_add(c);
+                    if sat && s {
+                        r.clamp(i32::MIN as i128, i32::MAX as i128)
+                    } else {
+                        r
+                    }
+                } else {
+                    p
+                }
+            }
+            Base::Div | Base::Rem => {
+                let (x, y) = (ival(get(1, ty)?), ival(get(2, ty)?));
+                if y == 0 {
+                    -1
+                } else if base == Base::Div {
+                    x / y
+                } else {
+                    x % y
+                }
+            }
+            Base::Abs => ival(get(1, ty)?).abs(),
+            Base::Neg => -ival(get(1, ty)?),
+            Base::Min => ival(get(1, ty)?).min(ival(get(2, ty)?)),
+            Base::Max => ival(get(1, ty)?).max(ival(get(2, ty)?)),
+            Base::And => (get(1, ty)? & get(2, ty)?) as i128,
+            Base::Or => (get(1, ty)? | get(2, ty)?) as i128,
+            Base::Xor => (get(1, ty)? ^ get(2, ty)?) as i128,
+            Base::Not => (!get(1, ty)?) as i128,
+            Base::CNot => (zx(get(1, ty)?, bits) == 0) as i128,
+            Base::Shl | Base::Shr => {
+                let x = ival(get(1, ty)?);
+                let n = get(2, Ty::U32)? as u32 as u64;
+                if base == Base::Shl {
+                    if n >= bits as u64 { 0 } else { ((x as u128) << n) as i128 }
+                } else if n >= bits as u64 {
+                    if s && x < 0 { -1 } else { 0 }
+                } else {
+                    x >> n
+                }
+            }
+            Base::Shf => {
+                let lo = get(1, Ty::B32)? as u32 as u64;
+                let hi2 = get(2, Ty::B32)? as u32 as u64;
+                let c = get(3, Ty::U32)? as u32;
+                let n = if op.flags & flag::CLAMP != 0 { c.min(32) } else { c & 31 } as u64;
+                let both = hi2 << 32 | lo;
+                if op.flags & flag::SHIFT != 0 {
+                    (((both << n) >> 32) & 0xFFFF_FFFF) as i128
+                } else {
+                    ((both >> n) & 0xFFFF_FFFF) as i128
+                }
+            }
+            Base::Popc => (zx(get(1, ty)?, bits).count_ones()) as i128,
+            Base::Clz => {
+                let v = zx(get(1, ty)?, bits);
+                (v.leading_zeros() - (64 - bits)) as i128
+            }
+            Base::Brev => (zx(get(1, ty)?, bits).reverse_bits() >> (64 - bits)) as i128,
+            Base::Bfe => {
+                let x = get(1, ty)?;
+                let pos = get(2, Ty::U32)? as u32 & 0xFF;
+                let len = get(3, Ty::U32)? as u32 & 0xFF;
+                let x = zx(x, bits);
+                let sbit = if s && len > 0 {
+                    let at = (pos + len - 1).min(bits - 1);
+                    (x >> at) & 1
+                } else {
+                    0
+                };
+                let mut r = 0u64;
+                for i in 0..bits {
+                    let bit = if i < len && pos + i < bits {
+                        (x >> (pos + i)) & 1
+                    } else if s {
+                        sbit
+                    } else {
+                        0
+                    };
+                    r |= bit << i;
+                }
+                r as i128
+            }
+            Base::Bfi => {
+                let f = zx(get(1, ty)?, bits);
+                let b = zx(get(2, ty)?, bits);
+                let pos = get(3, Ty::U32)? as u32 & 0xFF;
+                let len = get(4, Ty::U32)? as u32 & 0xFF;
+                let mut r = b;
+                for i in 0..len {
+                    if pos + i >= bits {
+                        break;
+                    }
+                    r = (r & !(1 << (pos + i))) | (((f >> i) & 1) << (pos + i));
+                }
+                r as i128
+            }
+            Base::Sad => {
+                let (x, y, z) = (ival(get(1, ty)?), ival(get(2, ty)?), ival(get(3, ty)?));
+                (x - y).abs() + z
+            }
+            _ => return Err(format!("unsupported instruction for type {ty:?}")),
+        };
+        Ok(zx(r as u64, out_bits))
+    }
+}
+
+fn mask_of(members: &[usize]) -> u32 {
+    members.iter().fold(0u32, |m, i| m | 1 << i)
+}
+
+fn is_collective(op: &Op) -> bool {
+    matches!(
+        op.base,
+        Base::Shfl | Base::Vote | Base::Redux | Base::Ldmatrix | Base::Mma | Base::BarWarp
+    )
+}
+
+fn land(g: Vec<Copy>, t: &mut Thread, mem: &mut Mem) -> R<()> {
+    let _ = t;
+    for c in g {
+        let mut buf = [0u8; 16];
+        if c.bytes > 0 {
+            let w = c.src >> WIN;
+            let off = (c.src & ((1u64 << WIN) - 1)) as usize;
+            let src: &[u8] = if w == GLOBALS_WIN {
+                &mem.globals
+            } else {
+                mem.bufs
+                    .get((w.wrapping_sub(2)) as usize)
+                    .ok_or_else(|| format!("cp.async from {:#x}, which is no memory of the launch", c.src))?
+            };
+            let end = off + c.bytes;
+            if end > src.len() {
+                return Err(format!(
+                    "cp.async reads past the end of a buffer (byte {end} of {})",
+                    src.len()
+                ));
+            }
+            buf[..c.bytes].copy_from_slice(&src[off..end]);
+        }
+        let d = if c.dst >> WIN == SHARED_WIN {
+            (c.dst & ((1u64 << WIN) - 1)) as usize
+        } else {
+            c.dst as usize
+        };
+        if d + c.size > mem.shared.len() {
+            return Err(format!(
+                "cp.async writes past shared memory (byte {} of {})",
+                d + c.size,
+                mem.shared.len()
+            ));
+        }
+        mem.shared[d..d + c.size].copy_from_slice(&buf[..c.size]);
+    }
+    Ok(())
+}
+
+/// `.relu`: negatives to zero, NaN stays NaN.
+fn relu(x: f64) -> f64 {
+    if x.is_nan() { x } else { x.max(0.0) }
+}
+
+fn sat01(x: f64) -> f64 {
+    if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) }
+}
+
+/// f32 arithmetic with PTX's rounding modifiers.
+fn f32_op(op: &Op, x: &[f64]) -> R<f32> {
+    let f = |i: usize| x[i] as f32;
+    let rnd = op.rnd;
+    let directed = matches!(rnd, Rnd::Rz | Rnd::Rm | Rnd::Rp);
+    Ok(match op.base {
+        Base::Add | Base::Sub => {
+            let y = if op.base == Base::Sub { -x[1] } else { x[1] };
+            if directed {
+                let (s, e) = two_sum(x[0], y);
+                round_f32(s, e, rnd)
+            } else {
+                (x[0] + y) as f32 // exact in f64, one rounding
+            }
+        }
+        Base::Mul => {
+            if directed {
+                round_f32(x[0] * x[1], 0.0, rnd)
+            } else {
+                f(0) * f(1)
+            }
+        }
+        Base::Fma | Base::Mad => {
+            if directed {
+                let (s, e) = two_sum(x[0] * x[1], x[2]);
+                round_f32(s, e, rnd)
+            } else {
+                f(0).mul_add(f(1), f(2))
+            }
+        }
+        Base::Div => {
+            if directed {
+                let q = x[0] / x[1];
+                round_f32(q, 0.0, rnd)
+            } else {
+                f(0) / f(1)
+            }
+        }
+        Base::Min => {
+            if op.flags & flag::NAN != 0 && (x[0].is_nan() || x[1].is_nan()) {
+                f32::NAN
+            } else {
+                f(0).min(f(1))
+            }
+        }
+        Base::Max => {
+            if op.flags & flag::NAN != 0 && (x[0].is_nan() || x[1].is_nan()) {
+                f32::NAN
+            } else {
+                f(0).max(f(1))
+            }
+        }
+        Base::Ex2 => f(0).exp2(),
+        Base::Lg2 => f(0).log2(),
+        Base::Rcp => 1.0 / f(0),
+        Base::Sqrt => f(0).sqrt(),
+        Base::Rsqrt => 1.0 / f(0).sqrt(),
+        Base::Sin => f(0).sin(),
+        Base::Cos => f(0).cos(),
+        Base::Tanh => f(0).tanh(),
+        Base::Copysign => f(1).copysign(f(0)),
+        _ => return Err(format!("unsupported f32 instruction `{}`", op.name)),
+    })
+}
+
+/// f64 and 16-bit float arithmetic, in f64 (16-bit results are rounded once by the caller).
+fn float_op(op: &Op, x: &[f64], ty: Ty) -> R<f64> {
+    let _ = ty;
+    Ok(match op.base {
+        Base::Add => x[0] + x[1],
+        Base::Sub => x[0] - x[1],
+        Base::Mul => x[0] * x[1],
+        Base::Fma | Base::Mad => {
+            let r = x[0].mul_add(x[1], x[2]);
+            if op.flags & flag::RELU != 0 { relu(r) } else { r }
+        }
+        Base::Div => x[0] / x[1],
+        Base::Neg => -x[0],
+        Base::Abs => x[0].abs(),
+        Base::Min => {
+            if op.flags & flag::NAN != 0 && (x[0].is_nan() || x[1].is_nan()) {
+                f64::NAN
+            } else {
+                x[0].min(x[1])
+            }
+        }
+        Base::Max => {
+            if op.flags & flag::NAN != 0 && (x[0].is_nan() || x[1].is_nan()) {
+                f64::NAN
+            } else {
+                x[0].max(x[1])
+            }
+        }
+        Base::Ex2 => x[0].exp2(),
+        Base::Lg2 => x[0].log2(),
+        Base::Rcp => 1.0 / x[0],
+        Base::Sqrt => x[0].sqrt(),
+        Base::Rsqrt => 1.0 / x[0].sqrt(),
+        Base::Sin => x[0].sin(),
+        Base::Cos => x[0].cos(),
+        Base::Tanh => x[0].tanh(),
+        Base::Copysign => x[1].copysign(x[0]),
+        _ => return Err(format!("unsupported float instruction `{}`", op.name)),
+    })
+}
+
+fn fval(v: u64, ty: Ty) -> f64 {
+    match ty {
+        Ty::F32 | Ty::TF32 => f32of(v) as f64,
+        Ty::F64 => f64::from_bits(v),
+        _ => h2f(v, ty) as f64,
+    }
+}
+
+fn compare(c: Cmp, ty: Ty, x: u64, y: u64) -> R<bool> {
+    if ty.float() {
+        let (a, b) = (fval(x, ty), fval(y, ty));
+        let un = a.is_nan() || b.is_nan();
+        return Ok(match c {
+            Cmp::Eq => a == b,
+            Cmp::Ne => !un && a != b,
+            Cmp::Lt => a < b,
+            Cmp::Le => a <= b,
+            Cmp::Gt => a > b,
+            Cmp::Ge => a >= b,
+            Cmp::Equ => un || a == b,
+            Cmp::Neu => un || a != b,
+            Cmp::Ltu => un || a < b,
+            Cmp::Leu => un || a <= b,
+            Cmp::Gtu => un || a > b,
+            Cmp::Geu => un || a >= b,
+            Cmp::Num => !un,
+            Cmp::Nan => un,
+            _ => return Err(format!("comparison {c:?} on a float")),
+        });
+    }
+    let bits = ty.bits();
+    let (su, sv) = (sx(x, bits), sx(y, bits));
+    let (uu, uv) = (zx(x, bits), zx(y, bits));
+    let signed = ty.signed();
+    Ok(match c {
+        Cmp::Eq => uu == uv,
+        Cmp::Ne => uu != uv,
+        Cmp::Lt if signed => su < sv,
+        Cmp::Le if signed => su <= sv,
+        Cmp::Gt if signed => su > sv,
+        Cmp::Ge if signed => su >= sv,
+        Cmp::Lt | Cmp::Lo => uu < uv,
+        Cmp::Le | Cmp::Ls => uu <= uv,
+        Cmp::Gt | Cmp::Hi => uu > uv,
+        Cmp::Ge | Cmp::Hs => uu >= uv,
+        _ => return Err(format!("comparison {c:?} on an integer")),
+    })
+}
+
+fn int_range(ty: Ty) -> (i128, i128) {
+    let b = ty.bits();
+    if ty.signed() {
+        (-(1i128 << (b - 1)), (1i128 << (b - 1)) - 1)
+    } else {
+        (0, (1i128 << b) - 1)
+    }
+}
+
+/// `cvt.<rnd>.<dst>.<src>`.
+fn convert(op: &Op, v: u64) -> R<u64> {
+    let (dt, st) = (op.ty, op.ty2);
+    let sat = op.flags & flag::SAT != 0;
+    let ftz = op.flags & flag::FTZ != 0;
+    if st == Ty::None {
+        return Err("cvt needs two types".into());
+    }
+    if !dt.float() && !st.float() {
+        let x: i128 = if st.signed() {
+            sx(v, st.bits()) as i128
+        } else {
+            zx(v, st.bits()) as i128
+        };
+        let x = if sat {
+            let (lo, hi) = int_range(dt);
+            x.clamp(lo, hi)
+        } else {
+            x
+        };
+        return Ok(zx(x as u64, dt.bits()));
+    }
+    if st.float() && !dt.float() {
+        let x = fval(v, st);
+        let x = if st == Ty::F32 && ftz {
+            ftz32(x as f32, true) as f64
+        } else {
+            x
+        };
+        if x.is_nan() {
+            return Ok(0);
+        }
+        let r = round_int(x, op.rnd);
+        let (lo, hi) = int_range(dt);
+        let r = (r.clamp(lo as f64, hi as f64)) as i128;
+        return Ok(zx(r as u64, dt.bits()));
+    }
+    if !st.float() {
+        let x: f64 = if st.signed() {
+            sx(v, st.bits()) as f64
+        } else {
+            zx(v, st.bits()) as f64
+        };
+        // 64-bit integers may not be exact in f64: convert directly.
+        let r = match dt {
+            Ty::F32 => {
+                let f = if st.bits() == 64 {
+                    if st.signed() { sx(v, 64) as f32 } else { v as f32 }
+                } else {
+                    x as f32
+                };
+                return Ok(f.to_bits() as u64);
+            }
+            Ty::F64 => {
+                let f = if st.bits() == 64 {
+                    if st.signed() { sx(v, 64) as f64 } else { v as f64 }
+                } else {
+                    x
+                };
+                return Ok(f.to_bits());
+            }
+            _ => x,
+        };
+        return Ok(f2h(r, dt));
+    }
+    // float to float
+    if is16x2(dt) {
+        return Err("cvt to a packed pair takes two operands".into());
+    }
+    let x = fval(v, st);
+    let x = if st == Ty::F32 && ftz {
+        ftz32(x as f32, true) as f64
+    } else {
+        x
+    };
+    let x = if matches!(op.rnd, Rnd::Rni | Rnd::Rzi | Rnd::Rmi | Rnd::Rpi) {
+        round_int(x, op.rnd)
+    } else {
+        x
+    };
+    let x = if sat { sat01(x) } else { x };
+    Ok(match dt {
+        Ty::TF32 => {
+            // 10 mantissa bits kept, nearest with ties away (rna), in an f32 container.
+            let b = (x as f32).to_bits();
+            if !(x as f32).is_finite() {
+                b as u64
+            } else {
+                (b.wrapping_add(0x1000) & 0xFFFF_E000) as u64
+            }
+        }
+        Ty::F32 => {
+            let r = if matches!(op.rnd, Rnd::Rz | Rnd::Rm | Rnd::Rp) {
+                round_f32(x, 0.0, op.rnd)
+            } else {
+                x as f32
+            };
+            ftz32(r, ftz).to_bits() as u64
+        }
+        Ty::F64 => x.to_bits(),
+        _ => {
+            if matches!(op.rnd, Rnd::Rz) && dt == Ty::F16 {
+                // toward zero: truncate the nearest when it rounded away
+                let n = f16::from_f64(x);
+                let back = n.to_f64();
+                if back.abs() > x.abs() && x.is_finite() {
+                    let b = n.to_bits();
+                    (b - 1) as u64
+                } else {
+                    b16(n)
+                }
+            } else {
+                f2h(x, dt)
+            }
+        }
+    })
+}
+
+fn b16(h: f16) -> u64 {
+    h.to_bits() as u64
+}
