@@ -611,7 +611,8 @@ fn conclude(s: &Search, end: Result<RunEnd>, pb: &indicatif::ProgressBar) -> Res
                 "run {run_id} stopped at round {}: {reason}; continue with `ksearch resume {run_id}`",
                 s.round()
             );
-            Ok(0)
+            // No result yet (no final phase ran): not a success for a script.
+            Ok(1)
         }
         RunEnd::Finished(report) => {
             print_report(&report);

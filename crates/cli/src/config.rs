@@ -142,7 +142,13 @@ pub fn load(path: Option<&Path>) -> Result<FileConfig> {
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration> {
-    humantime::parse_duration(s.trim()).map_err(|e| anyhow::anyhow!("bad duration `{s}`: {e} (e.g. 90s, 5m, 1h)"))
+    // Deadlines are instants: a duration past a year would overflow them (and is a typo).
+    const MAX: Duration = Duration::from_secs(366 * 24 * 3600);
+    let d = humantime::parse_duration(s.trim()).map_err(|e| anyhow::anyhow!("bad duration `{s}`: {e} (e.g. 90s, 5m, 1h)"))?;
+    if d > MAX {
+        anyhow::bail!("duration `{s}` is longer than a year");
+    }
+    Ok(d)
 }
 
 pub fn parse_bytes(s: &str) -> Result<u64> {

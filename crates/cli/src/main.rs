@@ -1,8 +1,29 @@
 //! `ksearch`: LLM-guided, world-model kernel search.
 //!
-//! Exit codes: 0 ok, 1 the search found nothing valid (or a checked kernel failed),
+//! Exit codes: 0 ok, 1 the search found nothing valid (or a checked kernel failed, or the LLM
+//! planner had to stop the run: resumable),
 //! 2 usage or input error.
 
+// Printing never panics: a closed pipe (`ksearch run ... | head -1`) or a full disk drops the
+// output, and the run goes on to its end (these shadow the standard macros in every module).
+macro_rules! println {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+macro_rules! print {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($t)*);
+    }};
+}
+macro_rules! eprintln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
 mod commands;
 mod config;
 mod kb_cmd;

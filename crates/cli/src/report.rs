@@ -74,6 +74,13 @@ pub fn run(store_path: &Path, kb_dir: Option<&Path>, run_id: i64, output: &Path,
 /// The page goes to a temporary file beside `output` and is renamed over it, so a browser
 /// reloading it never reads half a page.
 fn write_atomically(output: &Path, html: &str) -> Result<()> {
+    // Only a regular file (or a new one) is replaced: a device, a pipe or a symbolic link at the
+    // path is written through, never replaced by a file.
+    if let Ok(m) = std::fs::symlink_metadata(output)
+        && !m.file_type().is_file()
+    {
+        return std::fs::write(output, html).with_context(|| format!("cannot write {}", output.display()));
+    }
     let name = output
         .file_name()
         .with_context(|| format!("cannot write {}: not a file name", output.display()))?;

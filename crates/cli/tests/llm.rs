@@ -387,7 +387,8 @@ fn budget_stops_cleanly_and_resume_continues_also_across_planners() {
     let store = d.path().join("s.db");
     // Init + one coder call: then the budget is spent and the run stops, resumable.
     let (id, o) = run(&store, &cfg, &["--rounds", "3", "--max-llm-calls", "2"]);
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    // Stopped without a result: exit 1, resumable.
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("ksearch resume"));
     let s = Store::open(&store).unwrap();
     let row = s.run(id).unwrap();
@@ -933,7 +934,7 @@ fn coder_transport_failures_reopen_the_action() {
     let cfg = config(d.path(), &srv.base_url(), "");
     let store = d.path().join("s.db");
     let (id, o) = run(&store, &cfg, &["--rounds", "3"]);
-    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("ksearch resume"), "{}", out(&o));
     let s = Store::open(&store).unwrap();
     let row = s.run(id).unwrap();
@@ -1051,4 +1052,45 @@ fn provenance_is_recorded_truly() {
         .expect("the failed update");
     assert_eq!(failed.attempts, 2);
     assert!(failed.latency_s > 0.0);
+}
+
+#[test]
+fn model_code_that_reads_the_machines_files_is_refused_before_it_compiles() {
+    // A file of this machine with a secret line, and coder replies that try to read it at
+    // compile time: a quoted include (through a digraph and a comment), an absolute include
+    // in brackets, an assembler `.incbin` in pieces. Each is refused before the compiler sees
+    // it; the model is asked to rewrite; the file's contents reach neither the model nor the
+    // store.
+    let d = tempfile::tempdir().unwrap();
+    let secret = d.path().join("notes.env");
+    std::fs::write(&secret, "DATABASE_PASSWORD_hunter2canary77\n").unwrap();
+    let p = secret.display().to_string();
+    let attempts = [
+        format!("%:/**/include \"{p}\"\n#include <cstdint>\nextern \"C\" void softmax(void** b, const int64_t* d) {{}}\n"),
+        format!("#include <{p}>\n#include <cstdint>\nextern \"C\" void softmax(void** b, const int64_t* d) {{}}\n"),
+        format!(
+            "#include <cstdint>\nasm(\".inc\" \"bin \\\"{p}\\\"\");\nextern \"C\" void softmax(void** b, const int64_t* d) {{}}\n"
+        ),
+    ];
+    let srv = Server::new(move |r, i| match r.kind {
+        Kind::Coder => Reply::completion(&code(&attempts[i % attempts.len()])),
+        Kind::Repair { of: Base::Coder } => Reply::completion(&code(&fast_softmax(8, 1))),
+        _ => good_handler(r, i),
+    });
+    let store = d.path().join("s.db");
+    let (id, o) = run(&store, &config(d.path(), &srv.base_url(), ""), &["--rounds", "3"]);
+    let e = errors(&store, id);
+    assert!(e.contains("refused") && e.contains("system headers by name only"), "{e}\n{}", out(&o));
+    assert!(e.contains("inline assembly"), "{e}");
+    for r in srv.requests() {
+        assert!(!r.body.to_string().contains("hunter2canary77"), "the file reached the model");
+    }
+    let db = std::fs::read(&store).unwrap();
+    assert!(!db.windows(15).any(|w| w == b"hunter2canary77"), "the file reached the store");
+    // The rewritten code was measured.
+    assert!(
+        srv.count(Kind::Repair { of: Base::Coder }) >= 3,
+        "{}",
+        srv.count(Kind::Repair { of: Base::Coder })
+    );
 }

@@ -96,7 +96,12 @@ pub enum Expr {
 struct Parser {
     toks: Vec<Tok>,
     pos: usize,
+    depth: u32,
 }
+
+/// Bounds on an expression, so a hostile task file cannot exhaust the stack.
+const MAX_DEPTH: u32 = 200;
+const MAX_TOKENS: usize = 4096;
 
 fn prec(op: &str) -> u8 {
     match op {
@@ -133,6 +138,15 @@ impl Parser {
         Ok(lhs)
     }
     fn unary(&mut self) -> Result<Expr, String> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+        }
+        let r = self.unary_inner();
+        self.depth -= 1;
+        r
+    }
+    fn unary_inner(&mut self) -> Result<Expr, String> {
         match self.next() {
             Some(Tok::Op("-")) => Ok(Expr::Neg(Box::new(self.unary()?))),
             Some(Tok::Op("!")) => Ok(Expr::Not(Box::new(self.unary()?))),
@@ -182,14 +196,21 @@ impl Parser {
 impl Expr {
     pub fn parse(s: &str) -> Result<Expr, ExprError> {
         let perr = |reason: String| ExprError::Parse {
-            expr: s.to_string(),
+            expr: if s.len() > 200 {
+                format!("{}...", s.chars().take(200).collect::<String>())
+            } else {
+                s.to_string()
+            },
             reason,
         };
         let toks = lex(s).map_err(perr)?;
         if toks.is_empty() {
             return Err(perr("empty expression".into()));
         }
-        let mut p = Parser { toks, pos: 0 };
+        if toks.len() > MAX_TOKENS {
+            return Err(perr(format!("longer than {MAX_TOKENS} tokens")));
+        }
+        let mut p = Parser { toks, pos: 0, depth: 0 };
         let e = p.expr(1).map_err(perr)?;
         if p.pos < p.toks.len() {
             return Err(perr(format!("trailing input at token {}", p.pos + 1)));
@@ -229,13 +250,16 @@ impl Expr {
                     "-" => a - c,
                     "*" => a * c,
                     "/" | "%" => {
-                        if c == 0.0 {
+                        // Integer division and remainder work on the truncated operands: a
+                        // divisor that truncates to 0 is a division by zero too.
+                        let (ai, ci) = (a as i64, c as i64);
+                        if c == 0.0 || ((*op == "%" || int) && ci == 0) {
                             return Err(ExprError::DivZero { expr: src.into() });
                         }
                         if *op == "%" {
-                            (a as i64 % c as i64) as f64
+                            ai.wrapping_rem(ci) as f64
                         } else if int {
-                            (a as i64 / c as i64) as f64
+                            ai.wrapping_div(ci) as f64
                         } else {
                             a / c
                         }
@@ -262,10 +286,11 @@ impl Expr {
                             "min" => a.min(c),
                             "max" => a.max(c),
                             _ => {
-                                if c == 0.0 {
+                                let (ai, ci) = (a as i64, c as i64);
+                                if ci == 0 {
                                     return Err(ExprError::DivZero { expr: src.into() });
                                 }
-                                ((a as i64 + c as i64 - 1).div_euclid(c as i64)) as f64
+                                (ai.wrapping_add(ci).wrapping_sub(1).wrapping_div_euclid(ci)) as f64
                             }
                         }
                     }
@@ -295,6 +320,20 @@ mod tests {
     fn env() -> BTreeMap<String, i64> {
         [("L".to_string(), 4096), ("CHUNK".to_string(), 64)].into_iter().collect()
     }
+    #[test]
+    fn hostile_expressions_are_errors_not_panics() {
+        for e in ["L % 0.5", "ceil_div(L, 0.5)", "L / 0.25"] {
+            assert!(matches!(eval_i64(e, &env()), Err(ExprError::DivZero { .. })), "{e}");
+        }
+        let r = eval_i64("(0 - 9223372036854775807 - 1) / (0 - 1)", &env());
+        assert!(r.is_ok(), "{r:?}");
+        let deep = format!("{}1{}", "-(".repeat(300), ")".repeat(300));
+        assert!(Expr::parse(&deep).unwrap_err().to_string().contains("nested deeper than"));
+        let long = vec!["1"; 10_000].join("+");
+        assert!(Expr::parse(&long).unwrap_err().to_string().contains("longer than"));
+        assert_eq!(eval_i64(&vec!["1"; 2000].join("+"), &env()).unwrap(), 2000);
+    }
+
     #[test]
     fn arithmetic_and_functions() {
         assert_eq!(eval_i64("L / CHUNK", &env()).unwrap(), 64);

@@ -141,11 +141,37 @@ pub(crate) fn compile_cached(
     std::fs::write(&src, source).map_err(|e| infra(format!("cannot write {}: {e}", src.display())))?;
     let tmp = cache.join(format!("{key}.{}.tmp.so", std::process::id()));
     let t = Instant::now();
-    let out = Command::new(compiler)
-        .args(args)
-        .arg("-o")
-        .arg(&tmp)
-        .arg(&src)
+    // The compiler reads candidate source: it runs in the cache folder (not the user's), with
+    // bounded address space and output size, so a source that makes it read or write without
+    // end (an `#include` of /dev/zero) is stopped by the kernel, not by the machine's memory.
+    let (tmp_abs, src_abs) = (
+        std::path::absolute(&tmp).unwrap_or(tmp.clone()),
+        std::path::absolute(&src).unwrap_or(src.clone()),
+    );
+    let mut cmd = Command::new(compiler);
+    cmd.args(args).arg("-o").arg(&tmp_abs).arg(&src_abs).current_dir(cache);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only async-signal-safe calls (setrlimit) between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                for (res, v) in [
+                    (libc::RLIMIT_AS, COMPILER_MEMORY),
+                    (libc::RLIMIT_FSIZE, COMPILER_FILE_BYTES),
+                    (libc::RLIMIT_CORE, 0),
+                ] {
+                    let lim = libc::rlimit {
+                        rlim_cur: v,
+                        rlim_max: v,
+                    };
+                    libc::setrlimit(res, &lim);
+                }
+                Ok(())
+            });
+        }
+    }
+    let out = cmd
         .output()
         .map_err(|e| infra(format!("cannot run compiler `{compiler}`: {e}")));
     let _ = std::fs::remove_file(&src);
@@ -166,9 +192,24 @@ pub(crate) fn compile_cached(
                 first_lines(&log, 3)
             )));
         }
+        let mut message = first_lines(&log, 30);
+        if message.trim().is_empty() {
+            #[cfg(unix)]
+            {
+                use std::os::unix::process::ExitStatusExt;
+                message = match out.status.signal() {
+                    Some(sig) => format!(
+                        "the compiler was killed by signal {sig} (it may use {} GiB of memory and write {} GiB)",
+                        COMPILER_MEMORY >> 30,
+                        COMPILER_FILE_BYTES >> 30
+                    ),
+                    None => format!("the compiler failed ({}) without a message", out.status),
+                };
+            }
+        }
         return Err(Failure {
             class: FailureClass::Compile,
-            message: first_lines(&log, 30),
+            message,
         });
     }
     let bytes = std::fs::read(&tmp).map_err(|e| infra(format!("cannot read {}: {e}", tmp.display())))?;
@@ -258,6 +299,10 @@ fn sha256_hex(parts: &[&[u8]], bytes: usize) -> String {
 
 /// Below this much free space, a compiler's "No space left on device" is the disk's fault.
 const FULL_DISK_BYTES: u64 = 64 << 20;
+/// The compiler's address space (a heavy template instantiation needs well under this).
+const COMPILER_MEMORY: u64 = 4 << 30;
+/// The largest file the compiler may write.
+const COMPILER_FILE_BYTES: u64 = 1 << 30;
 
 /// Bytes free for unprivileged writers on the filesystem holding `path`.
 fn free_bytes(path: &Path) -> Option<u64> {
@@ -523,8 +568,17 @@ impl Device for CpuDevice<'_> {
     }
 
     fn read_back(&mut self) -> Result<ReadBack, Stop> {
+        let mut back = ReadBack::default();
+        self.read_back_into(&mut back)?;
+        Ok(back)
+    }
+
+    /// The runner stays stopped until the next call; the copies go into the judge's buffers
+    /// (their capacity reused), so every read-back costs the same.
+    fn read_back_into(&mut self, into: &mut ReadBack) -> Result<(), Stop> {
         let bufs = self.bufs.clone();
         let n_in = self.n_in;
+        let (outs, ins) = into;
         let got = self.runner.stopped(|r| {
             let mut slack = None;
             for (k, &(slot, size)) in bufs.iter().enumerate() {
@@ -537,18 +591,17 @@ impl Device for CpuDevice<'_> {
                     break;
                 }
             }
-            let ins: Vec<Vec<u8>> = bufs[..n_in]
-                .iter()
-                .map(|&(slot, size)| r.payload(slot, size).to_vec())
-                .collect();
-            let outs: Vec<Vec<u8>> = bufs[n_in..]
-                .iter()
-                .map(|&(slot, size)| r.payload(slot, size).to_vec())
-                .collect();
-            (slack, outs, ins)
+            for (into, part) in [(&mut *ins, &bufs[..n_in]), (&mut *outs, &bufs[n_in..])] {
+                into.resize_with(part.len(), Vec::new);
+                for (v, &(slot, size)) in into.iter_mut().zip(part) {
+                    v.clear();
+                    v.extend_from_slice(r.payload(slot, size));
+                }
+            }
+            slack
         });
         match got {
-            Ok((Some((k, before)), _, _)) => {
+            Ok(Some((k, before))) => {
                 let (kind, i) = if k < n_in { ("input", k) } else { ("output", k - n_in) };
                 Err(Stop::fail(
                     FailureClass::OutOfBounds,
@@ -558,9 +611,13 @@ impl Device for CpuDevice<'_> {
                     ),
                 ))
             }
-            Ok((None, outs, ins)) => Ok((outs, ins)),
+            Ok(None) => Ok(()),
             Err(d) => Err(self.death(d, "stopping to read outputs")),
         }
+    }
+
+    fn uniform_read_back(&self) -> bool {
+        true
     }
 
     fn peaks(&self) -> Peaks {

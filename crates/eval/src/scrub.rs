@@ -57,6 +57,9 @@ pub fn launcher_env(launcher: &crate::supervisor::Launcher) -> Vec<(String, Stri
     }
 }
 
+/// The shortest run of letters and digits redacted as a piece of a secret.
+const PIECE: usize = 8;
+
 /// Replaces secret values with `[redacted]`.
 #[derive(Debug, Clone, Default)]
 pub struct Scrubber {
@@ -102,6 +105,9 @@ impl Scrubber {
         self.secrets.is_empty()
     }
 
+    /// `s` with every secret replaced, and every run of 8 or more letters and digits that is
+    /// part of a secret: a compiler names a key's pieces one by one (`sk`, `proj`,
+    /// `Canary0123456789…` of `sk-proj-Canary0123456789…`), never the whole value.
     pub fn text(&self, s: &str) -> String {
         let mut out = s.to_string();
         for secret in &self.secrets {
@@ -109,12 +115,37 @@ impl Scrubber {
                 out = out.replace(secret.as_str(), "[redacted]");
             }
         }
-        out
+        if self.secrets.is_empty() {
+            return out;
+        }
+        let mut res = String::with_capacity(out.len());
+        let mut run = String::new();
+        let flush = |run: &mut String, res: &mut String| {
+            if run.len() >= PIECE && self.secrets.iter().any(|x| x.contains(run.as_str())) {
+                res.push_str("[redacted]");
+            } else {
+                res.push_str(run);
+            }
+            run.clear();
+        };
+        for c in out.chars() {
+            if c.is_ascii_alphanumeric() {
+                run.push(c);
+            } else {
+                flush(&mut run, &mut res);
+                res.push(c);
+            }
+        }
+        flush(&mut run, &mut res);
+        res
     }
 
     fn text_mut(&self, s: &mut String) {
-        if self.secrets.iter().any(|x| s.contains(x.as_str())) {
-            *s = self.text(s);
+        if !self.secrets.is_empty() {
+            let t = self.text(s);
+            if t != *s {
+                *s = t;
+            }
         }
     }
 
@@ -164,5 +195,13 @@ mod tests {
         assert_eq!(r.compile.log, "[redacted]");
         // Values under four characters are not treated as secrets.
         assert_eq!(s.text("abc"), "abc");
+    }
+    #[test]
+    fn scrubs_the_pieces_a_compiler_names_one_by_one() {
+        let s = Scrubber::with_values(&["sk-proj-Canary0123456789abcdefXYZ"]);
+        let log = "error: 'Canary0123456789abcdefXYZ' was not declared; 'proj' ...; 'abcdefXYZ' too; kernel_softmax ok";
+        let t = s.text(log);
+        assert!(!t.contains("Canary") && !t.contains("abcdefXYZ"), "{t}");
+        assert!(t.contains("kernel_softmax ok") && t.contains("'proj'"), "{t}");
     }
 }

@@ -216,10 +216,15 @@ impl Supervisor {
         // ends, and workers are restarted from the pool's short-lived threads.)
         // A launcher's own variables (Slurm's) reach the launcher; it passes them on to the
         // worker, which is harmless: none is a secret.
+        // A variable that holds a secret never passes, whatever its name: the configured key
+        // variables (`scrub_also`) are secrets even when their names pass the allow-list.
+        let clean = |vars: Vec<(String, String)>| -> Vec<(String, String)> {
+            vars.into_iter().filter(|(_, v)| self.scrubber.text(v) == *v).collect()
+        };
         cmd.args(&args)
             .env_clear()
-            .envs(crate::scrub::worker_env())
-            .envs(crate::scrub::launcher_env(&self.launcher))
+            .envs(clean(crate::scrub::worker_env()))
+            .envs(clean(crate::scrub::launcher_env(&self.launcher)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -23,6 +23,7 @@ mod rules;
 
 pub use check::{CheckOptions, Severity, SourceLang, Violation, check, check_launch, check_source, rejected, threadgroup_bytes};
 pub use context::{ContextLevel, render_context};
+pub mod untrusted;
 pub use emulate::{EmuOutcome, emulate_configs, emulate_cuda_kernel, emulate_file, emulate_kernel, emulate_workloads};
 pub use ksearch_core::Backend;
 pub use ksearch_core::backend::{Dialect, Vendor};

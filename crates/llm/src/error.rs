@@ -104,4 +104,7 @@ pub enum ParseError {
     EmptyCode,
     #[error("the code is {found}, but {expected} was asked for")]
     WrongLanguage { expected: String, found: String },
+    /// The code does something a candidate may not (see `ksearch_kb::untrusted`).
+    #[error("the code was refused: {reason}")]
+    Refused { reason: String },
 }

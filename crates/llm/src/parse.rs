@@ -643,6 +643,7 @@ impl ParseError {
             ParseError::TruncatedCode => "Your code block was cut off before the end. Reply with the complete source in one fenced code block; drop comments and explanations so that it fits.".into(),
             ParseError::EmptyCode => "Your code block was empty. Reply with the complete source in one fenced code block.".into(),
             ParseError::WrongLanguage { expected, found } => format!("You wrote {found} code, but the target needs {expected}. Rewrite the complete candidate in {expected}, in one fenced code block."),
+            ParseError::Refused { reason } => format!("Your code was refused before compiling: {reason}. Rewrite the complete candidate without it, in one fenced code block."),
         }
     }
 
@@ -658,6 +659,7 @@ impl ParseError {
             ParseError::TruncatedCode => "truncated_code",
             ParseError::EmptyCode => "empty_code",
             ParseError::WrongLanguage { .. } => "wrong_language",
+            ParseError::Refused { .. } => "refused",
         }
     }
 }

@@ -516,7 +516,7 @@ impl Prompts {
             "kind": err.kind(),
             "error": err.to_string(),
             "guidance": err.guidance(),
-            "expects": if matches!(err, ParseError::NoCodeBlock | ParseError::TruncatedCode | ParseError::EmptyCode | ParseError::WrongLanguage { .. })
+            "expects": if matches!(err, ParseError::NoCodeBlock | ParseError::TruncatedCode | ParseError::EmptyCode | ParseError::WrongLanguage { .. } | ParseError::Refused { .. })
                 || (matches!(err, ParseError::Truncated { .. }) && lang.is_some()) { "code" } else { "json" },
             "lang": lang,
         });
@@ -814,6 +814,12 @@ fn impact_field(o: &serde_json::Map<String, Value>, keys: &[&str]) -> Option<Imp
     })
 }
 
+/// Bounds on what one planner reply may put into the tree.
+const MAX_ACTIONS: usize = 12;
+const MAX_OPS: usize = 24;
+const MAX_TITLE: usize = 160;
+const MAX_DESCRIPTION: usize = 4000;
+
 fn action_of(v: &Value) -> Result<ProposedAction, String> {
     let o = v.as_object().ok_or("an action is not an object")?;
     let title = str_of(get(o, &["title", "name", "action"]));
@@ -821,11 +827,12 @@ fn action_of(v: &Value) -> Result<ProposedAction, String> {
     if title.is_empty() && description.is_empty() {
         return Err("an action has neither title nor description".into());
     }
-    let title = if title.is_empty() {
+    let title: String = if title.is_empty() {
         description.chars().take(80).collect()
     } else {
-        title
+        title.chars().take(MAX_TITLE).collect()
     };
+    let description: String = description.chars().take(MAX_DESCRIPTION).collect();
     let n = |keys: &[&str], d: f64, lo: f64, hi: f64| get(o, keys).and_then(num_of).unwrap_or(d).clamp(lo, hi);
     let pattern = Some(str_of(get(o, &["pattern"]))).filter(|p| !p.is_empty() && p != "null" && p != "none");
     Ok(ProposedAction {
@@ -866,7 +873,8 @@ impl PlannerInit {
             .and_then(Value::as_array)
             .ok_or_else(|| schema_err("missing `actions` array"))?;
         let mut actions = Vec::new();
-        for a in acts {
+        // A reply proposes a handful of actions; more are cut, not inserted by the thousand.
+        for a in acts.iter().take(MAX_ACTIONS) {
             actions.push(action_of(a).map_err(schema_err)?);
         }
         if actions.is_empty() {
@@ -921,7 +929,7 @@ fn op_of(v: &Value) -> Result<TreeOp, String> {
             let list = get(o, &["actions", "into", "children"])
                 .and_then(Value::as_array)
                 .ok_or("`split` needs an `actions` array")?;
-            let into = list.iter().map(action_of).collect::<Result<Vec<_>, _>>()?;
+            let into = list.iter().take(MAX_ACTIONS).map(action_of).collect::<Result<Vec<_>, _>>()?;
             if into.len() < 2 {
                 return Err(format!("`split` of node {node} needs at least 2 actions, got {}", into.len()));
             }
@@ -955,7 +963,10 @@ impl PlannerUpdate {
         };
         let mut parsed = Vec::new();
         let mut rejected = Vec::new();
-        for (i, op) in ops.iter().enumerate() {
+        if ops.len() > MAX_OPS {
+            rejected.push(format!("ops {} to {}: at most {MAX_OPS} ops per reply", MAX_OPS, ops.len() - 1));
+        }
+        for (i, op) in ops.iter().enumerate().take(MAX_OPS) {
             match op_of(op) {
                 Ok(t) => parsed.push(t),
                 Err(e) => rejected.push(format!("op {i}: {e}")),

@@ -71,12 +71,36 @@ fn obj(v: &mut Value) -> &mut serde_json::Map<String, Value> {
     v.as_object_mut().expect("object")
 }
 
+/// A URL carrying credentials: a user or password before the host, or a query parameter named
+/// like a key (`?key=`, `?api_key=`, `?token=`...).
+fn secret_in_url(u: &str) -> Option<&'static str> {
+    let rest = u.split_once("://").map(|(_, r)| r).unwrap_or(u);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return Some("carries credentials before its host");
+    }
+    let query = rest.split_once('?').map(|(_, q)| q).unwrap_or("");
+    let keyish = query.split('&').any(|p| {
+        let name = p.split('=').next().unwrap_or("").to_ascii_lowercase();
+        ["key", "token", "secret", "password", "auth", "sig"].iter().any(|w| name.contains(w))
+    });
+    keyish.then_some("carries a key in its query")
+}
+
 fn check_secrets(v: &Value, at: &str) -> Result<()> {
     if let Some(o) = v.as_object() {
         for (k, x) in o {
             if SECRET_KEYS.contains(&k.to_ascii_lowercase().as_str()) {
                 bail!(
                     "[{at}] has `{k}`: API keys are never stored; put the key in an environment variable and name it with `api_key_env`"
+                );
+            }
+            if k == "base_url"
+                && let Some(u) = x.as_str()
+                && let Some(why) = secret_in_url(u)
+            {
+                bail!(
+                    "[{at}] base_url {why}: API keys are never stored; put the key in an environment variable and name it with `api_key_env`"
                 );
             }
             if x.is_object() {
@@ -700,6 +724,11 @@ impl LlmPlanner {
         let req = self.prompts.coder_request(&cctx).map_err(|e| e.to_string())?;
         let source = self.converse(ctx, Role::Coder, Some(node.id), req, Some(lang), |text| {
             let code = ksearch_llm::extract_code(text, Some(lang))?;
+            // Nothing that reads the machine's files at compile time (its diagnostics come back
+            // to the model): refused here, the model asked to rewrite.
+            if let Some(reason) = ksearch_kb::untrusted::refusal(lang, &code) {
+                return Err(ParseError::Refused { reason });
+            }
             Ok(Parsed {
                 parsed: format!("{} lines of {lang}", code.lines().count()),
                 value: code,
