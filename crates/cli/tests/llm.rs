@@ -1080,7 +1080,11 @@ fn model_code_that_reads_the_machines_files_is_refused_before_it_compiles() {
     let store = d.path().join("s.db");
     let (id, o) = run(&store, &config(d.path(), &srv.base_url(), ""), &["--rounds", "3"]);
     let e = errors(&store, id);
-    assert!(e.contains("refused") && e.contains("system headers by name only"), "{e}\n{}", out(&o));
+    assert!(
+        e.contains("refused") && e.contains("system headers by name only"),
+        "{e}\n{}",
+        out(&o)
+    );
     assert!(e.contains("inline assembly"), "{e}");
     for r in srv.requests() {
         assert!(!r.body.to_string().contains("hunter2canary77"), "the file reached the model");
