@@ -44,7 +44,9 @@ pub fn refusal(lang: &str, src: &str) -> Option<String> {
             }
             "_Pragma" | "__pragma" => return Some(format!("`{w}`: pragmas are written as `#pragma` lines")),
             "asm" | "__asm" | "__asm__" if lang == "cpp" || lang == "c++" => {
-                return Some("inline assembly (`asm`): a CPU candidate is C++ only (an assembler directive could embed a file)".into());
+                return Some(
+                    "inline assembly (`asm`): a CPU candidate is C++ only (an assembler directive could embed a file)".into(),
+                );
             }
             _ => {}
         }
@@ -130,9 +132,13 @@ mod tests {
 
     #[test]
     fn system_headers_pass_and_files_do_not() {
-        let ok = "#include <cmath>\n#include <cstdint>\n# include <immintrin.h>\n#include <cuda/pipeline>\nint x; // see \"a.h\"\n";
+        let ok =
+            "#include <cmath>\n#include <cstdint>\n# include <immintrin.h>\n#include <cuda/pipeline>\nint x; // see \"a.h\"\n";
         assert_eq!(refusal("cpp", ok), None);
-        assert_eq!(refusal("cuda", "#include <cuda_fp16.h>\nasm volatile(\"ex2.approx.f32 %0, %1;\");\n"), None);
+        assert_eq!(
+            refusal("cuda", "#include <cuda_fp16.h>\nasm volatile(\"ex2.approx.f32 %0, %1;\");\n"),
+            None
+        );
         for bad in [
             "#include \"/etc/passwd\"\n",
             "#include </etc/passwd>\n",

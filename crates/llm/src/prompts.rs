@@ -964,7 +964,11 @@ impl PlannerUpdate {
         let mut parsed = Vec::new();
         let mut rejected = Vec::new();
         if ops.len() > MAX_OPS {
-            rejected.push(format!("ops {} to {}: at most {MAX_OPS} ops per reply", MAX_OPS, ops.len() - 1));
+            rejected.push(format!(
+                "ops {} to {}: at most {MAX_OPS} ops per reply",
+                MAX_OPS,
+                ops.len() - 1
+            ));
         }
         for (i, op) in ops.iter().enumerate().take(MAX_OPS) {
             match op_of(op) {

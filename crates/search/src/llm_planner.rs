@@ -82,7 +82,9 @@ fn secret_in_url(u: &str) -> Option<&'static str> {
     let query = rest.split_once('?').map(|(_, q)| q).unwrap_or("");
     let keyish = query.split('&').any(|p| {
         let name = p.split('=').next().unwrap_or("").to_ascii_lowercase();
-        ["key", "token", "secret", "password", "auth", "sig"].iter().any(|w| name.contains(w))
+        ["key", "token", "secret", "password", "auth", "sig"]
+            .iter()
+            .any(|w| name.contains(w))
     });
     keyish.then_some("carries a key in its query")
 }
