@@ -315,6 +315,7 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
                     .unwrap_or_else(|| PathBuf::from(".ksearch/cache")),
                 llm: fc.llm.as_ref().map(serde_json::to_value).transpose()?,
                 launcher: crate::config::launcher(fc, None)?,
+                task_digest: Some(task.digest()),
             }
         }
     };
@@ -370,8 +371,30 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
         bail!("run time-out must be above zero");
     }
     if let Some(v) = f.max_reps {
-        cfg.timing.max_reps = v.max(1);
+        if v == 0 {
+            bail!("--max-reps 0: a kernel is timed at least once");
+        }
+        cfg.timing.max_reps = v;
         cfg.timing.min_reps = cfg.timing.min_reps.min(cfg.timing.max_reps);
+    }
+    if cfg.timing.min_reps == 0 || cfg.timing.min_reps > cfg.timing.max_reps {
+        bail!(
+            "min_reps {} and max_reps {}: a kernel is timed at least once and min_reps <= max_reps",
+            cfg.timing.min_reps,
+            cfg.timing.max_reps
+        );
+    }
+    if cfg.patience == 0 {
+        bail!("patience 0 would stop before the first round: use at least 1");
+    }
+    // The runner maps its buffers and loads a shared object: below this, every candidate (the
+    // seed too) fails for want of memory, which would read as the kernels' fault.
+    const MIN_MEM: u64 = 64 << 20;
+    if cfg.mem_limit_bytes < MIN_MEM {
+        bail!(
+            "memory limit of {} bytes is too small for a runner (use at least 64MiB)",
+            cfg.mem_limit_bytes
+        );
     }
     if !["offline", "llm"].contains(&cfg.planner.as_str()) {
         bail!("unknown planner `{}` (use offline or llm)", cfg.planner);
@@ -721,6 +744,32 @@ fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
         let dir = tasks_dir(g, &fc)?;
         task::find(&dir, &prev.task).map_err(anyhow::Error::from)
     })?;
+    // What the run measured must stay what it measures: the same task, back-end and inputs.
+    if let Some(d) = &prev.task_digest
+        && *d != task.digest()
+    {
+        bail!(
+            "task `{}` changed since run {run_id} started ({} or a kernel file): its measurements would not compare; start a new run",
+            prev.task,
+            prev.task_path.display()
+        );
+    }
+    if let Some(b) = f.backend.as_deref()
+        && resolve_backend(b, &task)? != prev.backend
+    {
+        bail!(
+            "run {run_id} runs on {}: a run keeps its back-end (--backend {b} starts a new run with `ksearch run`)",
+            prev.backend
+        );
+    }
+    if let Some(s) = f.seed
+        && s != prev.seed
+    {
+        bail!(
+            "run {run_id} draws its inputs with seed {}: a run keeps its seed (--seed {s})",
+            prev.seed
+        );
+    }
     let cfg = build_config(g, &fc, &task, f, Some(prev))?;
     store.set_run_config(run_id, &serde_json::to_value(&cfg)?)?;
     store.set_run_status(run_id, "running", None)?;
@@ -748,7 +797,11 @@ fn runs(g: &Global) -> Result<i32> {
     for r in rows {
         let evals = store.count_evaluations(r.id)?;
         let report: Option<Report> = r.report.clone().and_then(|v| serde_json::from_value(v).ok());
-        let (status, figure) = run_figure(&r.status, r.best_speedup, report.as_ref());
+        let (mut status, figure) = run_figure(&r.status, r.best_speedup, report.as_ref());
+        // `running` with nobody holding its lock: the process that drove it died.
+        if status == "running" && !store.run_is_driven(r.id) {
+            status = "interrupted".into();
+        }
         println!(
             "{:>4}  {:<12} {:<5} {:<8} {:<15} round {:>3}  {:>4} evals  {}  {}",
             r.id, r.task, r.backend, r.planner, status, r.round, evals, figure, r.created_at
@@ -1135,7 +1188,7 @@ fn bench(
         ..RunFlags::default()
     };
     let cfg = build_config(g, &fc, &task, &flags, None)?;
-    let source = std::fs::read_to_string(kernel).with_context(|| format!("cannot read {}", kernel.display()))?;
+    let source = ksearch_core::read_source(kernel).with_context(|| format!("cannot read {}", kernel.display()))?;
     let mut defs = BTreeMap::new();
     for d in defines {
         let (k, v) = d

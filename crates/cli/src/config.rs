@@ -127,11 +127,14 @@ pub fn load(path: Option<&Path>) -> Result<FileConfig> {
     };
     if !p.is_file() {
         if required {
+            if p.exists() {
+                bail!("config file {}: not a regular file", p.display());
+            }
             bail!("config file {} not found", p.display());
         }
         return Ok(FileConfig::default());
     }
-    let text = std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    let text = ksearch_core::read_source(&p).with_context(|| format!("cannot read {}", p.display()))?;
     toml::from_str(&text).map_err(|e| {
         let line = e
             .span()

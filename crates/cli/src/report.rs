@@ -51,11 +51,18 @@ pub fn run(store_path: &Path, kb_dir: Option<&Path>, run_id: i64, output: &Path,
             StoreError::NoRun(n) => anyhow::anyhow!("no run {n} in {}", store_path.display()),
             e => e.into(),
         })?;
-        let running = row.status == "running";
+        // `running` that nobody drives: its process died; there is nothing more to watch.
+        let orphan = row.status == "running" && !store.run_is_driven(run_id);
+        let running = row.status == "running" && !orphan;
         let html = render(&store, &row, kb.as_ref(), watch && running)?;
         write_atomically(output, &html)?;
         if !watch || !running {
-            println!("run {run_id} ({}): report written to {}", row.status, output.display());
+            let status = if orphan {
+                "interrupted: no process drives it; `ksearch resume` goes on"
+            } else {
+                &row.status
+            };
+            println!("run {run_id} ({status}): report written to {}", output.display());
             return Ok(0);
         }
         if !announced {

@@ -266,3 +266,92 @@ fn a_compile_error_in_a_benched_file_names_that_file_and_line() {
     assert!(!text.contains("kernel.cpp"), "{text}");
     assert!(!text.contains("timings noisy"), "no figures, no noise line: {text}");
 }
+
+#[test]
+fn resume_refuses_a_task_changed_since_the_run_started_and_a_new_seed_or_back_end() {
+    let d = tempfile::tempdir().unwrap();
+    let tasks = d.path().join("tasks");
+    copy_dir(&repo().join("tasks/softmax"), &tasks.join("softmax"));
+    let store = d.path().join("s.db");
+    let o = ks()
+        .arg("--tasks-dir")
+        .arg(&tasks)
+        .arg("--store")
+        .arg(&store)
+        .args(["run", "softmax", "--backend", "cpu", "--rounds", "1", "--max-reps", "3"])
+        .output()
+        .unwrap();
+    assert!(o.status.code().is_some_and(|c| c <= 1), "{}{}", out(&o), err(&o));
+    let resume = |extra: &[&str]| {
+        ks().arg("--tasks-dir")
+            .arg(&tasks)
+            .arg("--store")
+            .arg(&store)
+            .args(["resume", "1", "--rounds", "2"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    one_line_error(
+        &resume(&["--seed", "99"]),
+        &["run 1 draws its inputs with seed", "keeps its seed"],
+    );
+    one_line_error(&resume(&["--backend", "cuda"]), &["run 1 runs on cpu", "keeps its back-end"]);
+    // A kernel file edited since: the seed would be measured against a different task.
+    let seed = tasks.join("softmax/cpu/naive.cpp");
+    let mut text = std::fs::read_to_string(&seed).unwrap();
+    text.push_str("\n// edited\n");
+    std::fs::write(&seed, text).unwrap();
+    one_line_error(
+        &resume(&[]),
+        &["task `softmax` changed since run 1 started", "start a new run"],
+    );
+    // A run whose process died says `running` in the store; nobody holds its lock, so the list
+    // calls it interrupted.
+    ksearch_store::Store::open(&store)
+        .unwrap()
+        .set_run_status(1, "running", None)
+        .unwrap();
+    let o = ks().arg("--store").arg(&store).arg("runs").output().unwrap();
+    assert!(
+        out(&o).contains(" interrupted ") && !out(&o).contains(" running "),
+        "{}",
+        out(&o)
+    );
+}
+
+#[test]
+fn task_file_mistakes_are_named_at_load_not_blamed_on_a_kernel() {
+    let base = std::fs::read_to_string(repo().join("tasks/softmax/task.toml")).unwrap();
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "f32 = { atol = 1e-6, rtol = 1e-4 }",
+            "f32 = { atol = nan, rtol = 1e-4 }",
+            "atol and rtol must be finite",
+        ),
+        (
+            "heldout = [\n",
+            "heldout = [\n    { rows = 0, cols = 100 },\n",
+            "has shape [0, 100]",
+        ),
+        (
+            "name = \"VEC\"",
+            "name = \"V EC; rm -rf /\"",
+            "a tunable's name is an identifier",
+        ),
+    ];
+    for (from, to, want) in cases {
+        let d = tempfile::tempdir().unwrap();
+        let tasks = d.path().join("tasks");
+        copy_dir(&repo().join("tasks/softmax"), &tasks.join("softmax"));
+        assert!(base.contains(from), "softmax's task.toml changed: {from}");
+        std::fs::write(tasks.join("softmax/task.toml"), base.replacen(from, to, 1)).unwrap();
+        let o = ks()
+            .arg("--tasks-dir")
+            .arg(&tasks)
+            .args(["run", "softmax", "--backend", "cpu"])
+            .output()
+            .unwrap();
+        one_line_error(&o, &["softmax/task.toml", want]);
+    }
+}

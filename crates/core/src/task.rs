@@ -492,10 +492,29 @@ pub fn shape_of(t: &TensorSpec, w: &Workload) -> Result<Vec<usize>, String> {
 }
 
 impl Task {
+    /// A digest of everything that decides what a run measures: the task's fields and every
+    /// kernel's source. A run records it, and `resume` refuses a task that changed since.
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(serde_json::to_string(self).unwrap_or_default().as_bytes());
+        for (name, b) in &self.backends {
+            for k in std::iter::once(&b.seed).chain(&b.kernels) {
+                h.update(name.as_bytes());
+                h.update([0]);
+                h.update(k.name.as_bytes());
+                h.update([0]);
+                h.update(k.source.as_bytes());
+                h.update([0]);
+            }
+        }
+        h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect()
+    }
+
     /// Load and validate `path` (a `task.toml`), reading every kernel source beside it.
     pub fn load(path: &Path) -> Result<Task, TaskError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| TaskError::Io {
+        let text = crate::read_source(path).map_err(|e| TaskError::Io {
             path: p.clone(),
             cause: e,
         })?;
@@ -546,8 +565,7 @@ impl Task {
                     return Err(at_ref(format!("reference entry `{}` is not a C identifier", f.entry)));
                 }
                 let src = self.dir.join(&f.file);
-                let source =
-                    std::fs::read_to_string(&src).map_err(|e| at_ref(format!("reference file {}: {e}", src.display())))?;
+                let source = crate::read_source(&src).map_err(|e| at_ref(format!("reference file {}: {e}", src.display())))?;
                 if !names_function(&source, &f.entry) {
                     return Err(at_ref(format!(
                         "reference entry `{}` not found in {} (it must define extern \"C\" void {}(const double* const* inputs, double* const* outputs, const int64_t* dims))",
@@ -578,6 +596,16 @@ impl Task {
                     ));
                 }
             }
+            let finite = match t.init {
+                Init::Normal { mean, std } => mean.is_finite() && std.is_finite() && std >= 0.0,
+                Init::Uniform { lo, hi } => lo.is_finite() && hi.is_finite(),
+            };
+            if !finite {
+                return Err(inv(
+                    &format!("\"{}\"", t.name),
+                    format!("`{}`: init needs finite numbers (and std >= 0)", t.name),
+                ));
+            }
             if let Init::Uniform { lo, hi } = t.init
                 && lo >= hi
             {
@@ -590,9 +618,29 @@ impl Task {
         if self.backends.is_empty() {
             return Err(inv("[backends", "a task needs at least one [backends.<name>] section".into()));
         }
+        for (dt, t) in &self.tolerance {
+            if !(t.atol.is_finite() && t.rtol.is_finite() && t.atol >= 0.0 && t.rtol >= 0.0) {
+                return Err(inv(
+                    "[tolerance]",
+                    format!("tolerance of {dt}: atol and rtol must be finite and >= 0"),
+                ));
+            }
+        }
+        for (k, v) in &self.constants {
+            if !v.is_finite() {
+                return Err(inv("[constants]", format!("constant `{k}` = {v}: constants must be finite")));
+            }
+        }
+        let mut axis_seen = std::collections::BTreeSet::new();
+        for a in &self.axes {
+            if !is_c_identifier(a) || !axis_seen.insert(a.clone()) {
+                return Err(inv("axes", format!("axis `{a}`: axes are distinct identifiers")));
+            }
+        }
         let axes = self.axes.clone();
         let names: Vec<String> = self.inputs.iter().chain(&self.outputs).map(|t| t.name.clone()).collect();
         let outputs = self.outputs.clone();
+        let tensors: Vec<TensorSpec> = self.inputs.iter().chain(&self.outputs).cloned().collect();
         let names_in: Vec<String> = self.inputs.iter().map(|t| t.name.clone()).collect();
         let names_out: Vec<String> = self.outputs.iter().map(|t| t.name.clone()).collect();
         let tolerance = self.tolerance.clone();
@@ -625,6 +673,23 @@ impl Task {
                     }
                     if let Some(k) = w.keys().find(|k| !axes.contains(k)) {
                         return Err(inv(&sect, format!("backends.{bname}.{kind}[{i}] names unknown axis `{k}`")));
+                    }
+                    // Every tensor has at least one element: a zero or negative size is the
+                    // task's mistake, said here, not a kernel's crash later.
+                    for t in &tensors {
+                        match shape_of(t, w) {
+                            Ok(sh) if sh.iter().all(|d| *d >= 1) => {}
+                            Ok(sh) => {
+                                return Err(inv(
+                                    &sect,
+                                    format!(
+                                        "backends.{bname}.{kind}[{i}]: tensor `{}` has shape {sh:?} (every dimension must be at least 1)",
+                                        t.name
+                                    ),
+                                ));
+                            }
+                            Err(e) => return Err(inv(&sect, format!("backends.{bname}.{kind}[{i}]: {e}"))),
+                        }
                     }
                 }
             }
@@ -663,7 +728,7 @@ impl Task {
                     }
                 }
                 let src = dir.join(&k.file);
-                k.source = std::fs::read_to_string(&src)
+                k.source = crate::read_source(&src)
                     .map_err(|e| inv(&at, format!("kernel `{}`: cannot read {}: {e}", k.name, src.display())))?;
                 let form = crate::mlx::Form::of_options(&k.options).map_err(|r| inv(&at, format!("kernel `{}`: {r}", k.name)))?;
                 if form == crate::mlx::Form::Cuda {
@@ -721,6 +786,15 @@ impl Task {
                         return Err(inv(
                             &format!("\"{}\"", t.name),
                             format!("tunable `{}`: default {d} is not among its values", t.name),
+                        ));
+                    }
+                    if !is_c_identifier(&t.name) {
+                        return Err(inv(
+                            &format!("\"{}\"", t.name),
+                            format!(
+                                "tunable `{}`: a tunable's name is an identifier (it becomes a -D define)",
+                                t.name
+                            ),
                         ));
                     }
                     if !tn.insert(t.name.clone()) || axes.contains(&t.name) {
@@ -856,10 +930,16 @@ pub fn load_each(dir: &Path) -> Result<Vec<Result<Task, TaskError>>, TaskError> 
         path: dir.display().to_string(),
         cause: e,
     })?;
+    // A folder whose task.toml is there but cannot be read (no permission, a directory, a
+    // symbolic link loop) is listed with its error, not skipped; only folders without one are.
     let mut paths: Vec<PathBuf> = rd
         .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir() || std::fs::metadata(e.path()).is_err())
         .map(|e| e.path().join("task.toml"))
-        .filter(|p| p.is_file())
+        .filter(|p| match std::fs::metadata(p) {
+            Ok(_) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::NotFound || std::fs::symlink_metadata(p).is_ok(),
+        })
         .collect();
     paths.sort();
     Ok(paths.iter().map(|p| Task::load(p)).collect())
@@ -875,7 +955,11 @@ pub fn find(dir: &Path, name: &str) -> Result<Task, TaskError> {
         return Task::load(&direct.join("task.toml"));
     }
     let p = dir.join(name).join("task.toml");
-    if p.is_file() {
+    let there = p.is_file()
+        || std::fs::symlink_metadata(&p).is_ok()
+        || std::fs::metadata(&p).is_err_and(|e| e.kind() != std::io::ErrorKind::NotFound);
+    if there {
+        // Loaded, or its own reason why not (permission, a directory, a link loop).
         return Task::load(&p);
     }
     let known = std::fs::read_dir(dir)

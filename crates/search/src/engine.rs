@@ -45,6 +45,10 @@ pub struct RunConfig {
     /// How workers are started (local child processes, or Slurm job steps).
     #[serde(default)]
     pub launcher: ksearch_eval::Launcher,
+    /// The task's digest when the run started (`Task::digest`): `resume` refuses a task that
+    /// changed since (older runs have none).
+    #[serde(default)]
+    pub task_digest: Option<String>,
 }
 
 /// When a run stops searching and goes on to its final phase.

@@ -310,6 +310,7 @@ impl Bench {
             cache_dir: self.dir.path().join("cache"),
             llm: None,
             launcher: Default::default(),
+            task_digest: None,
         }
     }
 

@@ -539,6 +539,27 @@ impl Store {
     /// honour them; a store on a network file system should stay with one host (the
     /// orchestrator's). An in-memory store needs no lock. Errors: `NoRun` for a run not in the
     /// store, `Open` (naming the lock file) when the lock file cannot be created or locked.
+    /// Whether a process holds run `run`'s lock now (drives it). A run whose status says
+    /// `running` while nobody holds its lock was left by a process that died. The lock file is
+    /// opened read-only and never created; on a store in memory, the answer is yes.
+    pub fn run_is_driven(&self, run: i64) -> bool {
+        let p = self.path.display().to_string();
+        if p.is_empty() || p == ":memory:" {
+            return true;
+        }
+        let file = PathBuf::from(format!("{p}.locks")).join(format!("run-{run}.lock"));
+        let Ok(f) = std::fs::File::open(&file) else {
+            return false;
+        };
+        match f.try_lock_shared() {
+            Ok(()) => {
+                let _ = f.unlock();
+                false
+            }
+            Err(_) => true,
+        }
+    }
+
     pub fn lock_run(&self, run: i64) -> Result<RunLock> {
         self.run(run)?;
         let p = self.path.display().to_string();
