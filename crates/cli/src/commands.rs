@@ -86,8 +86,11 @@ pub fn dispatch(g: &Global, cmd: Cmd) -> Result<i32> {
             crate::report::run(&store_path(g, &fc), kb_dir(g, &fc).as_deref(), run, &output, watch)
         }
         Cmd::Kb(k) => {
-            let tasks = file_config(g).ok().and_then(|fc| tasks_dir(g, &fc).ok());
-            crate::kb_cmd::run(k, tasks)
+            let fc = file_config(g).ok();
+            let tasks = fc.as_ref().and_then(|fc| tasks_dir(g, fc).ok());
+            // --kb-dir (or the config's) as given: a wrong one is an error, not ignored.
+            let kb = g.kb_dir.clone().or_else(|| fc.as_ref().and_then(|fc| fc.run.kb_dir.clone()));
+            crate::kb_cmd::run(k, tasks, kb)
         }
         Cmd::NvrtcCheck { task, arch, max_configs } => nvrtc_check(g, task.as_deref(), &arch, max_configs),
         Cmd::Translate {
@@ -395,6 +398,11 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
             "memory limit of {} bytes is too small for a runner (use at least 64MiB)",
             cfg.mem_limit_bytes
         );
+    }
+    if let Some(d) = &g.kb_dir
+        && let Err(e) = ksearch_kb::Kb::load(d)
+    {
+        bail!("--kb-dir {}: {e}", d.display());
     }
     if !["offline", "llm"].contains(&cfg.planner.as_str()) {
         bail!("unknown planner `{}` (use offline or llm)", cfg.planner);
@@ -724,6 +732,8 @@ fn print_report(r: &Report) {
 
 fn resume(g: &Global, run_id: i64, f: &RunFlags) -> Result<i32> {
     let fc = file_config(g)?;
+    // Nothing to resume without a store: said, and none is created.
+    drop(open_store_ro(g, &fc)?);
     let store = open_store(g, &fc)?;
     let row = store.run(run_id)?;
     // A run that stopped on a time limit, or on its rounds when more are given, goes on.

@@ -104,8 +104,11 @@ fn usage(msg: String) -> anyhow::Result<i32> {
     Ok(2)
 }
 
-fn load() -> Result<Kb, String> {
-    let dir = Kb::locate().ok_or("no knowledge base found: set KSEARCH_KB or run from the repository root")?;
+fn load(given: Option<&Path>) -> Result<Kb, String> {
+    if let Some(d) = given {
+        return Kb::load(d).map_err(|e| format!("--kb-dir {}: {e}", d.display()));
+    }
+    let dir = Kb::locate().ok_or("no knowledge base found: set KSEARCH_KB or --kb-dir, or run from the repository root")?;
     Kb::load(&dir).map_err(|e| e.to_string())
 }
 
@@ -154,7 +157,7 @@ fn body_sig(file: &Path, src: &str, input: &[String], output: &[String]) -> Resu
     Ok(BodySig::default())
 }
 
-pub fn run(cmd: KbCmd, tasks: Option<PathBuf>) -> anyhow::Result<i32> {
+pub fn run(cmd: KbCmd, tasks: Option<PathBuf>, kb_dir: Option<PathBuf>) -> anyhow::Result<i32> {
     if let KbCmd::Emulate {
         task,
         backend,
@@ -180,7 +183,7 @@ pub fn run(cmd: KbCmd, tasks: Option<PathBuf>) -> anyhow::Result<i32> {
             timeout,
         );
     }
-    let kb = match load() {
+    let kb = match load(kb_dir.as_deref()) {
         Ok(kb) => kb,
         Err(e) => return usage(e),
     };

@@ -93,11 +93,19 @@ pub fn host_reference(task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Re
     let out = match task.reference.name() {
         Some(name) => {
             let f = reference::lookup(name).ok_or_else(|| format!("unknown reference `{name}`"))?;
-            f(&RefArgs {
+            // A built-in reference on a task whose tensors it does not fit (the task file's
+            // mistake) must not take the worker down and be blamed on a kernel.
+            let args = RefArgs {
                 axes: &w.axes,
                 constants: &task.constants,
                 inputs: values,
-            })
+            };
+            quiet_catch(|| f(&args)).map_err(|_| {
+                format!(
+                    "the built-in reference `{name}` does not fit task `{}` (its inputs, outputs or axes differ from what `{name}` computes)",
+                    task.name
+                )
+            })?
         }
         None => crate::task_ref::run(task, &w.axes, &values)?,
     };
@@ -108,6 +116,17 @@ pub fn host_reference(task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Re
             out.len(),
             task.outputs.len()
         ));
+    }
+    for (t, o) in task.outputs.iter().zip(&out) {
+        let want: usize = ksearch_core::task::shape_of(t, &w.axes)?.iter().product();
+        if o.len() != want {
+            return Err(format!(
+                "reference `{}` gave {} values for output `{}`, whose shape has {want}",
+                task.reference,
+                o.len(),
+                t.name
+            ));
+        }
     }
     Ok(out)
 }
@@ -495,4 +514,43 @@ impl DeviceLock {
         }
         [hold.from, to]
     }
+}
+
+pub(crate) fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+/// Run `f`, turning a panic (cudarc panics when a library or symbol is missing) into an error,
+/// without the default hook printing it.
+pub(crate) fn quiet_catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    // The panic hook is process-wide: threads inside `quiet_catch` at once share one silenced
+    // hook, and the first one in keeps the previous hook to put back when the last one leaves
+    // (swapping it per call would leave the silent hook installed when calls overlap).
+    type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static>;
+    static QUIET: std::sync::Mutex<(usize, Option<Hook>)> = std::sync::Mutex::new((0, None));
+    {
+        let mut q = QUIET.lock().unwrap_or_else(|e| e.into_inner());
+        if q.0 == 0 {
+            q.1 = Some(std::panic::take_hook());
+            std::panic::set_hook(Box::new(|_| {}));
+        }
+        q.0 += 1;
+    }
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    {
+        let mut q = QUIET.lock().unwrap_or_else(|e| e.into_inner());
+        q.0 -= 1;
+        if q.0 == 0
+            && let Some(prev) = q.1.take()
+        {
+            std::panic::set_hook(prev);
+        }
+    }
+    r.map_err(panic_message)
 }

@@ -26,7 +26,7 @@ use ksearch_core::protocol::{CompileInfo, EvalReply, EvalRequest, Failure, Failu
 use ksearch_core::task::{DType, KernelSpec, Task, Workload};
 
 use crate::Backend;
-use crate::common::{HostTensor, host_reference, output_specs};
+use crate::common::{HostTensor, host_reference, output_specs, panic_message, quiet_catch};
 use crate::judge::{Device, Peaks, ReadBack, Stop as JStop, judge_request};
 
 /// The trusted device references (compiled once per worker).
@@ -54,45 +54,6 @@ const MAX_MODULES: usize = 64;
 
 // ---------------------------------------------------------------------------------------------
 // Availability
-
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else if let Some(s) = p.downcast_ref::<&str>() {
-        s.to_string()
-    } else {
-        "unknown panic".into()
-    }
-}
-
-/// Run `f`, turning a panic (cudarc panics when a library or symbol is missing) into an error,
-/// without the default hook printing it.
-fn quiet_catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    // The panic hook is process-wide: threads inside `quiet_catch` at once share one silenced
-    // hook, and the first one in keeps the previous hook to put back when the last one leaves
-    // (swapping it per call would leave the silent hook installed when calls overlap).
-    type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static>;
-    static QUIET: std::sync::Mutex<(usize, Option<Hook>)> = std::sync::Mutex::new((0, None));
-    {
-        let mut q = QUIET.lock().unwrap_or_else(|e| e.into_inner());
-        if q.0 == 0 {
-            q.1 = Some(std::panic::take_hook());
-            std::panic::set_hook(Box::new(|_| {}));
-        }
-        q.0 += 1;
-    }
-    let r = std::panic::catch_unwind(AssertUnwindSafe(f));
-    {
-        let mut q = QUIET.lock().unwrap_or_else(|e| e.into_inner());
-        q.0 -= 1;
-        if q.0 == 0
-            && let Some(prev) = q.1.take()
-        {
-            std::panic::set_hook(prev);
-        }
-    }
-    r.map_err(panic_message)
-}
 
 /// Is `libnvrtc` loadable (enough for compiling to CUBIN without a GPU)?
 pub fn nvrtc_available() -> bool {
