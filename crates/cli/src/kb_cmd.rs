@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ksearch_kb::{
-    BodySig, CheckOptions, Dialect, Kb, SourceLang, check, emulate_cuda_kernel, emulate_kernel, emulate_workloads,
-    metal_syntax_check, rejected,
+    BodySig, CheckOptions, Dialect, Kb, SourceLang, check, emulate_configs, emulate_cuda_kernel, emulate_kernel,
+    emulate_workloads, metal_syntax_check, rejected,
 };
 
 #[derive(clap::Subcommand, Debug)]
@@ -96,6 +96,10 @@ pub enum KbCmd {
         /// Seconds one run may take.
         #[arg(long, default_value_t = 300)]
         timeout: u64,
+        /// Run the defaults, then every other value of every tunable alone (with the -D values
+        /// held), instead of the defaults only.
+        #[arg(long)]
+        each_value: bool,
     },
 }
 
@@ -168,6 +172,7 @@ pub fn run(cmd: KbCmd, tasks: Option<PathBuf>, kb_dir: Option<PathBuf>) -> anyho
         defines,
         workload,
         timeout,
+        each_value,
     } = cmd
     {
         let launch = (grid, threadgroup);
@@ -181,6 +186,7 @@ pub fn run(cmd: KbCmd, tasks: Option<PathBuf>, kb_dir: Option<PathBuf>) -> anyho
             &defines,
             &workload,
             timeout,
+            each_value,
         );
     }
     let kb = match load(kb_dir.as_deref()) {
@@ -412,6 +418,7 @@ fn emulate(
     defines: &[String],
     workloads: &[String],
     timeout: u64,
+    each_value: bool,
 ) -> anyhow::Result<i32> {
     let Some(dir) = tasks else {
         return usage("no tasks folder found (give --tasks-dir or run from the repository)".into());
@@ -569,53 +576,74 @@ fn emulate(
             config.insert(n.clone(), *v);
         }
         let kname = if k.name.is_empty() { "seed" } else { k.name.as_str() };
-        for (i, w) in list.iter().enumerate() {
-            let limit = std::time::Duration::from_secs(timeout);
-            let r = if cuda {
-                let options: BTreeMap<String, serde_json::Value> = k
-                    .options
-                    .iter()
-                    .filter_map(|(n, v)| serde_json::to_value(v).ok().map(|v| (n.clone(), v)))
-                    .collect();
-                let ptx = |c: &BTreeMap<String, i64>| ksearch_eval::cuda::emulation_ptx(&task, &k.source, &options, c);
-                emulate_cuda_kernel(&task, k, &config, w, 0x5eed + i as u64, limit, &ptx)
-            } else {
-                emulate_kernel(&task, k, &config, w, 0x5eed + i as u64, limit)
-            };
-            match r {
-                Ok(None) => {
-                    skipped += 1;
-                    println!("skip {kname} [{}] on {}: not admitted (constraints)", show(&config), show(w));
-                }
-                Ok(Some(o)) => {
-                    ran += 1;
-                    let ok = o.passed();
-                    failed += usize::from(!ok);
-                    println!(
-                        "{} {kname} [{}] on {}: {}",
-                        if ok { "ok  " } else { "FAIL" },
-                        show(&o.config),
-                        show(w),
-                        o.summary()
+        // --each-value: the defaults, then every other value of every tunable alone (-D values
+        // held), so each value the search may pick has run.
+        let configs: Vec<BTreeMap<String, i64>> = if each_value {
+            let mut v: Vec<BTreeMap<String, i64>> = emulate_configs(k, &list)
+                .into_iter()
+                .map(|mut c| {
+                    c.extend(
+                        set.iter()
+                            .filter(|(n, _)| k.tunables.iter().any(|t| &t.name == *n))
+                            .map(|(n, v)| (n.clone(), *v)),
                     );
-                }
-                Err(e) if cuda && e.starts_with("PTX: ") && e.contains("unsupported instruction") => {
-                    // A limit of the interpreter, not a fault of the kernel.
-                    skipped += 1;
-                    println!(
-                        "skip {kname} [{}] on {}: not interpretable: {}",
-                        show(&config),
-                        show(w),
-                        &e[5..]
-                    );
-                }
-                Err(e) => {
-                    ran += 1;
-                    failed += 1;
-                    let first = e.lines().next().unwrap_or_default().to_string();
-                    println!("FAIL {kname} [{}] on {}: {first}", show(&config), show(w));
-                    for l in e.lines().skip(1).take(20) {
-                        println!("     {l}");
+                    c
+                })
+                .collect();
+            v.dedup();
+            v
+        } else {
+            vec![config.clone()]
+        };
+        for config in &configs {
+            for (i, w) in list.iter().enumerate() {
+                let limit = std::time::Duration::from_secs(timeout);
+                let r = if cuda {
+                    let options: BTreeMap<String, serde_json::Value> = k
+                        .options
+                        .iter()
+                        .filter_map(|(n, v)| serde_json::to_value(v).ok().map(|v| (n.clone(), v)))
+                        .collect();
+                    let ptx = |c: &BTreeMap<String, i64>| ksearch_eval::cuda::emulation_ptx(&task, &k.source, &options, c);
+                    emulate_cuda_kernel(&task, k, config, w, 0x5eed + i as u64, limit, &ptx)
+                } else {
+                    emulate_kernel(&task, k, config, w, 0x5eed + i as u64, limit)
+                };
+                match r {
+                    Ok(None) => {
+                        skipped += 1;
+                        println!("skip {kname} [{}] on {}: not admitted (constraints)", show(config), show(w));
+                    }
+                    Ok(Some(o)) => {
+                        ran += 1;
+                        let ok = o.passed();
+                        failed += usize::from(!ok);
+                        println!(
+                            "{} {kname} [{}] on {}: {}",
+                            if ok { "ok  " } else { "FAIL" },
+                            show(&o.config),
+                            show(w),
+                            o.summary()
+                        );
+                    }
+                    Err(e) if cuda && e.starts_with("PTX: ") && e.contains("unsupported instruction") => {
+                        // A limit of the interpreter, not a fault of the kernel.
+                        skipped += 1;
+                        println!(
+                            "skip {kname} [{}] on {}: not interpretable: {}",
+                            show(config),
+                            show(w),
+                            &e[5..]
+                        );
+                    }
+                    Err(e) => {
+                        ran += 1;
+                        failed += 1;
+                        let first = e.lines().next().unwrap_or_default().to_string();
+                        println!("FAIL {kname} [{}] on {}: {first}", show(config), show(w));
+                        for l in e.lines().skip(1).take(20) {
+                            println!("     {l}");
+                        }
                     }
                 }
             }

@@ -420,3 +420,28 @@ fn emulate_catches_a_cuda_kernel_that_reads_before_its_copies_land_or_its_barrie
         "{stdout}"
     );
 }
+
+#[test]
+fn emulate_each_value_runs_every_tunable_value_of_the_scan_and_attention_kernels() {
+    if !nvrtc_here() {
+        return;
+    }
+    // Every value the search may pick, each alone beside the defaults, on ragged multi-chunk
+    // shapes: K 16 with CB 6 or 12 (rounds that do not divide a chunk), RT, P2, SP, BF, MW.
+    for (task, kernel, at_least) in [("mamba_scan", "warp_scan", 40), ("attention", "flash", 16)] {
+        let (code, stdout, stderr) = out(ksearch().arg("--tasks-dir").arg(tasks_dir()).args([
+            "kb",
+            "emulate",
+            task,
+            "--backend",
+            "cuda",
+            "--kernel",
+            kernel,
+            "--each-value",
+        ]));
+        assert_eq!(code, 0, "{stdout}{stderr}");
+        let ok = stdout.lines().filter(|l| l.starts_with("ok   ")).count();
+        assert!(ok >= at_least, "{ok} runs: {stdout}");
+        assert!(!stdout.contains("FAIL"), "{stdout}");
+    }
+}

@@ -18,13 +18,11 @@ pub fn refusal(lang: &str, src: &str) -> Option<String> {
         let word: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
         let target = rest[word.len()..].trim();
         match word.as_str() {
-            "include" | "include_next" | "import" => {
-                if !system_header(target) {
-                    return Some(format!(
-                        "`#{word} {}`: a candidate includes system headers by name only (e.g. <cmath>), never a path, a quoted file or a macro",
-                        short(target)
-                    ));
-                }
+            "include" | "include_next" | "import" if !system_header(target) => {
+                return Some(format!(
+                    "`#{word} {}`: a candidate includes system headers by name only (e.g. <cmath>), never a path, a quoted file or a macro",
+                    short(target)
+                ));
             }
             "embed" => return Some("`#embed` reads a file at compile time".into()),
             "pragma" if target.split_whitespace().any(|w| w == "dependency") => {

@@ -532,6 +532,8 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
             }
             (Base::Mad | Base::Fma | Base::Cvt, "relu") => op.flags |= flag::RELU,
             (_, s) if harmless(s) => {}
+            // Fences and hints have no effect here, whatever their flavour.
+            (Base::Nop, _) => {}
             _ => return Err(format!("unsupported modifier `.{m}` in `{name}`")),
         }
     }

@@ -313,7 +313,7 @@ impl Report {
             // noisy. Noise excuses a small slowdown only: a kernel controls its own timings'
             // spread, so a large one is never waived.
             Some(h) => match h.speedup {
-                Some(hs) if !faster(hs) && !(h.noisy() && hs >= NOISE_EXCUSES) => Some(format!(
+                Some(hs) if !faster(hs) && !excused(h, hs) => Some(format!(
                     "{sp:.2}x on the search workloads but slower than the seed on the held-out ones ({hs:.2}x)"
                 )),
                 _ => None,
@@ -324,6 +324,11 @@ impl Report {
 
 /// The held-out speed-up below which noisy timings no longer excuse a slowdown.
 const NOISE_EXCUSES: f64 = 0.8;
+
+/// Whether noisy held-out timings excuse a held-out speed-up below 1.
+fn excused(h: &HeldOut, speedup: f64) -> bool {
+    h.noisy() && speedup >= NOISE_EXCUSES
+}
 
 /// Whether a speed-up is one (NaN is not).
 fn faster(speedup: f64) -> bool {
