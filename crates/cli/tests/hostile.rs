@@ -34,6 +34,29 @@ fn expectations(backend: &str) -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
+/// kernel → the most `bench` may find it faster than the seed (kernels that pass but must gain
+/// nothing), for `backend`.
+fn max_speedups(backend: &str) -> BTreeMap<String, f64> {
+    let text = std::fs::read_to_string(fixtures().join("hostile/expect.toml")).unwrap();
+    let v: toml::Table = toml::from_str(&text).unwrap();
+    v.get(&format!("{backend}-max-speedup"))
+        .and_then(|t| t.as_table())
+        .map(|t| t.iter().map(|(k, v)| (k.clone(), v.as_float().unwrap())).collect())
+        .unwrap_or_default()
+}
+
+/// The speed-ups over the seed that `bench` printed (one per workload).
+fn speedups_of_bench(o: &std::process::Output) -> Vec<f64> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains(" seed ") && l.contains(" kernel "))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_suffix('x').and_then(|n| n.parse::<f64>().ok()))
+        })
+        .collect()
+}
+
 fn ks(dir: &Path) -> Command {
     let mut c = Command::cargo_bin("ksearch").unwrap();
     c.current_dir(dir)
@@ -86,12 +109,20 @@ fn hostile_kernels_are_rejected_by_bench() {
     let d = tempfile::tempdir().unwrap();
     std::fs::write(d.path().join("ksearch.toml"), "[eval]\nrun_timeout = \"10s\"\nmax_reps = 5\n").unwrap();
     let mut wrong = Vec::new();
+    let fastest = max_speedups("cpu");
     for (kernel, allowed) in expectations("cpu") {
         let file = fixtures().join(format!("hostile/cpu/{kernel}.cpp"));
         let o = ks(d.path()).args(["bench", "hostile"]).arg(&file).output().unwrap();
         let got = outcome_of_bench(&o);
         if !allowed.contains(&got) {
             wrong.push(format!("{kernel}: {got} (expected one of {allowed:?})\n{}", text(&o)));
+        }
+        // A kernel that passes but must gain nothing: timed no faster than its bound.
+        if let Some(max) = fastest.get(&kernel).filter(|_| got == "ok") {
+            let sp = speedups_of_bench(&o);
+            if sp.is_empty() || sp.iter().any(|s| s > max) {
+                wrong.push(format!("{kernel}: speed-ups {sp:?} (at most {max}x expected)\n{}", text(&o)));
+            }
         }
         assert!(
             !text(&o).contains(CANARY),
@@ -113,12 +144,14 @@ fn hostile_kernels_are_rejected_by_bench() {
 fn hostile_kernels_are_rejected_by_a_run_and_leave_nothing_behind() {
     let d = tempfile::tempdir().unwrap();
     let expect = expectations("cpu");
+    // A round for every kernel, and some to spare.
+    let rounds = (expect.len() + 5).to_string();
     let o = ks(d.path())
         .args([
             "run",
             "hostile",
             "--rounds",
-            "20",
+            &rounds,
             "--patience",
             "100",
             "--run-timeout",

@@ -709,10 +709,14 @@ impl Task {
             }
             b.seed.name = "seed".into();
             let kernels = std::iter::once(&mut b.seed).chain(b.kernels.iter_mut());
+            let mut kernel_names = std::collections::BTreeSet::new();
             for k in kernels {
                 let at = format!("\"{}\"", k.file);
                 if k.name.is_empty() {
                     return Err(inv(&at, format!("backends.{bname}: a kernel has no name")));
+                }
+                if !kernel_names.insert(k.name.clone()) {
+                    return Err(inv(&at, format!("backends.{bname}: two kernels are named `{}`", k.name)));
                 }
                 if k.launches.is_empty() {
                     match &k.entry {

@@ -4,9 +4,12 @@
 //! - inputs come from a pool drawn once per workload; every run copies each input from a fresh
 //!   random offset of its pool, so no run sees inputs it has seen before at that address, and
 //!   outputs get a fresh random NaN poison, so a checked run looks like any other;
-//! - the first run is checked; among the timed runs, one chosen at random and the last are
+//! - the first run is checked; among the timed runs, one chosen at random among the first
+//!   `min_reps`, the last, and each other with probability 1/min_reps (a few in all) are
 //!   checked too (the back-end stops the candidate before outputs are read), each against its
-//!   own reference, computed only after the candidate's runs;
+//!   own reference, computed only after the candidate's runs; where reading back is cheap
+//!   (`Device::uniform_read_back`) every timed run is read back alike, so the candidate cannot
+//!   tell the checked ones;
 //! - inputs are read back after checked runs and compared byte for byte (`mutated_input`);
 //! - the time is measured by trusted code around the run, and a median under the physical
 //!   floor is `below_floor`, never a result.
@@ -67,6 +70,19 @@ pub trait Device {
     /// After a run: make sure the candidate is no longer running (e.g. stop its process), then
     /// read back every output and input.
     fn read_back(&mut self) -> Result<ReadBack, Stop>;
+    /// `read_back` into buffers the judge owns (their contents replaced), so that a read-back
+    /// costs the same whether the judge then keeps it or not.
+    fn read_back_into(&mut self, into: &mut ReadBack) -> Result<(), Stop> {
+        *into = self.read_back()?;
+        Ok(())
+    }
+    /// Is every timed run read back (`read_back_into`), checked or not, so that nothing the
+    /// candidate can observe tells the checked runs from the others? Cheap where the outputs
+    /// are in host memory (the CPU runner); a device whose read-back copies large outputs off
+    /// the device reads back only the runs it checks.
+    fn uniform_read_back(&self) -> bool {
+        false
+    }
     /// The reference outputs for these inputs (f64, the task's declared outputs).
     fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, Stop> {
         host_reference(task, w, inputs).map_err(|e| Stop::fail(FailureClass::Infra, e))
@@ -229,6 +245,13 @@ mod profile {
     }
 }
 
+/// The most timed runs of a workload that are checked (the random one among the first
+/// `min_reps` and the last included).
+const CHECKED_TIMED: usize = 4;
+/// Bytes of read-backs a workload may keep for its checks: fewer checked timed runs (never
+/// fewer than two) where a run's inputs and outputs are larger.
+const KEPT_BYTES: usize = 1 << 30;
+
 /// Extra pool elements beyond the input: enough distinct windows that runs almost never
 /// repeat one.
 fn pool_extra(n: usize) -> usize {
@@ -341,33 +364,92 @@ fn judge_workload(
     }
     let min_reps = timing.min_reps.max(1);
     let max_reps = timing.max_reps.max(min_reps);
-    // One timed run among the first `min_reps`, chosen at random, is checked (and the last).
+    // Checked timed runs, from the judge's own randomness: one among the first `min_reps` (the
+    // spot), the last, and of the others each is a candidate with probability 1/min_reps; the
+    // candidates are sampled down to the `cap - 2` places left (a reservoir: every candidate,
+    // early or late, equally likely kept). All are checked after the last run, so no pause
+    // between two runs says which were kept; where the device reads back every timed run, each
+    // is copied alike into buffers made (and touched) beforehand.
     let spot = (rng.next_u64() % min_reps as u64) as u32;
+    let set_bytes: usize = in_bytes.iter().chain(&out_bytes).sum();
+    let cap = (KEPT_BYTES / set_bytes.max(1)).clamp(2, CHECKED_TIMED);
+    let places = cap - 2;
+    let uniform = dev.uniform_read_back();
+    let mut spare: Vec<ReadBack> = if uniform {
+        let touched = |sizes: &[usize]| -> Vec<Vec<u8>> { sizes.iter().map(|n| vec![1u8; *n]).collect() };
+        (0..cap).map(|_| (touched(&out_bytes), touched(&in_bytes))).collect()
+    } else {
+        Vec::new()
+    };
     let mut samples = Vec::new();
     let mut seen = Vec::new();
+    let mut extras: Vec<Seen> = Vec::new();
+    let mut candidates = 0u64;
     let mut spent = 0.0;
     loop {
         let rep = samples.len() as u32;
         let (offsets, poisons) = prepare(dev, &mut rng, timing.flush)?;
+        let (extra, pick) = (rng.next_u64().is_multiple_of(min_reps as u64), rng.next_u64());
         let t = profile::time("run", || dev.run())?;
         *kernel_s += t;
         spent += t;
         samples.push(t * 1e6);
         let last = samples.len() as u32 >= max_reps || (samples.len() as u32 >= min_reps && spent * 1e3 >= timing.target_ms);
-        if rep == spot || last {
-            let (outputs, inputs) = profile::time("read_back", || dev.read_back())?;
-            seen.push(Seen {
+        // Where this run's read-back goes: `seen` (the spot, the last), place `i` of `extras`
+        // (a new one, or in place of an earlier candidate), or nowhere.
+        let mut place = None;
+        if !last && rep != spot && extra && places > 0 {
+            candidates += 1;
+            let i = if extras.len() < places {
+                extras.len()
+            } else {
+                (pick % candidates) as usize
+            };
+            place = (i < places).then_some(i);
+        }
+        let kept = last || rep == spot || place.is_some();
+        let back = if uniform {
+            let mut back = spare.pop().unwrap_or_default();
+            profile::time("read_back", || dev.read_back_into(&mut back))?;
+            if !kept {
+                spare.push(back);
+                None
+            } else {
+                Some(back)
+            }
+        } else if kept {
+            Some(profile::time("read_back", || dev.read_back())?)
+        } else {
+            None
+        };
+        if let Some((outputs, inputs)) = back {
+            let s = Seen {
                 offsets,
                 poisons,
                 outputs,
                 inputs,
                 what: if last { "last timed run" } else { "a timed run" },
-            });
+            };
+            match place {
+                Some(i) if i < extras.len() => {
+                    let old = std::mem::replace(&mut extras[i], s);
+                    if uniform {
+                        spare.push((old.outputs, old.inputs));
+                    }
+                }
+                Some(_) => extras.push(s),
+                None => seen.push(s),
+            }
         }
         if last {
             break;
         }
     }
+    drop(spare);
+    // The spot first, then the other candidates kept, then the last.
+    let last_seen = seen.pop();
+    seen.extend(extras);
+    seen.extend(last_seen);
     // 3. The checked timed runs must be as right as the first one.
     for s in seen {
         let mut probe = WorkloadResult::default();
@@ -599,6 +681,14 @@ mod tests {
         outputs: Vec<Vec<u8>>,
         /// (call, lock held by someone)
         calls: Vec<(&'static str, bool)>,
+        /// Every timed run read back (`Device::uniform_read_back`).
+        uniform: bool,
+        /// Runs so far, and the one (counted from the first) whose outputs the "kernel" skips.
+        runs: usize,
+        skip: Option<usize>,
+        /// The inputs of each run, and the runs whose outputs were checked (by their inputs).
+        staged: Vec<Vec<u8>>,
+        checked: Vec<usize>,
     }
 
     impl Probe {
@@ -651,15 +741,25 @@ mod tests {
                 let s: f64 = r.iter().map(|v| ((v - m) as f64).exp()).sum();
                 y.extend(r.iter().flat_map(|v| ((((v - m) as f64).exp() / s) as f32).to_le_bytes()));
             }
-            self.outputs[0] = y;
+            if self.skip != Some(self.runs) {
+                self.outputs[0] = y;
+            }
+            self.staged.push(self.inputs[0].clone());
+            self.runs += 1;
             Ok(1e-3)
         }
         fn read_back(&mut self) -> Result<ReadBack, Stop> {
             self.note("read_back");
             Ok((self.outputs.clone(), self.inputs.clone()))
         }
+        fn uniform_read_back(&self) -> bool {
+            self.uniform
+        }
         fn reference(&mut self, task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Result<Vec<Vec<f64>>, Stop> {
             self.note("reference");
+            if let Some(i) = self.staged.iter().rposition(|s| *s == inputs[0].bytes) {
+                self.checked.push(i);
+            }
             host_reference(task, w, inputs).map_err(|e| Stop::fail(FailureClass::Infra, e))
         }
         fn peaks(&self) -> Peaks {
@@ -675,6 +775,25 @@ mod tests {
     }
 
     fn judge(keep: bool) -> (WorkloadResult, Phases<'static>, Vec<(&'static str, bool)>) {
+        let timing = TimingReq {
+            warmup: 1,
+            min_reps: 3,
+            max_reps: 3,
+            target_ms: 0.0,
+            flush: false,
+        };
+        let (r, ph, dev) = judge_probe(keep, &timing, 7, false, None);
+        (r, ph, dev.calls)
+    }
+
+    /// Judge the probe on a 4x64 softmax with `timing`, the judge's randomness from `seed`.
+    fn judge_probe(
+        keep: bool,
+        timing: &TimingReq,
+        seed: u64,
+        uniform: bool,
+        skip: Option<usize>,
+    ) -> (WorkloadResult, Phases<'static>, Probe) {
         let dir = std::env::temp_dir().join(format!("ksearch-phases-{}-{keep}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tasks/softmax/task.toml");
@@ -690,16 +809,9 @@ mod tests {
         let w = WorkloadReq {
             label: "rows=4,cols=64".into(),
             axes: [("rows".to_string(), 4), ("cols".to_string(), 64)].into_iter().collect(),
-            seed: 7,
+            seed,
         };
         let pools = make_pools(&task, ksearch_core::Backend::Cpu, &w).unwrap();
-        let timing = TimingReq {
-            warmup: 1,
-            min_reps: 3,
-            max_reps: 3,
-            target_ms: 0.0,
-            flush: false,
-        };
         let real = task.clone();
         task.name = if keep { "keep".into() } else { "free".into() };
         let mut dev = Probe {
@@ -710,6 +822,11 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             calls: vec![],
+            uniform,
+            runs: 0,
+            skip,
+            staged: vec![],
+            checked: vec![],
         };
         let mut k = 0.0;
         let r = judge_workload(
@@ -719,14 +836,14 @@ mod tests {
             ksearch_core::Backend::Cpu,
             0,
             &w,
-            &timing,
+            timing,
             false,
             pools,
             &mut k,
         )
         .unwrap();
         ph.release();
-        (r, ph, dev.calls)
+        (r, ph, dev)
     }
 
     #[test]
@@ -736,9 +853,11 @@ mod tests {
         assert!(r.timing.is_some());
         // Every device call runs under the lock, the references included.
         assert!(calls.iter().all(|(_, held)| *held), "{calls:?}");
-        // First run | its reference | timed runs | two references: five holds, host work between.
-        assert_eq!(ph.spans.len(), 5, "{:?}", ph.spans);
-        assert_eq!(calls.iter().filter(|(c, _)| *c == "reference").count(), 3);
+        // First run | its reference | timed runs | a reference per checked timed run (the spot,
+        // the last, at most CHECKED_TIMED in all): holds with host work between.
+        let refs = calls.iter().filter(|(c, _)| *c == "reference").count();
+        assert!((2..=1 + CHECKED_TIMED).contains(&refs), "{calls:?}");
+        assert_eq!(ph.spans.len(), 2 + refs, "{:?}", ph.spans);
     }
 
     #[test]
@@ -747,5 +866,81 @@ mod tests {
         assert!(r.failure.is_none(), "{:?}", r.failure);
         assert!(calls.iter().all(|(_, held)| *held), "{calls:?}");
         assert_eq!(ph.spans.len(), 1, "{:?}", ph.spans);
+    }
+
+    fn timing(min_reps: u32, max_reps: u32) -> TimingReq {
+        TimingReq {
+            warmup: 2,
+            min_reps,
+            max_reps,
+            target_ms: 1e9,
+            flush: false,
+        }
+    }
+
+    #[test]
+    fn a_device_that_reads_back_uniformly_reads_back_every_timed_run_and_checks_a_few() {
+        let (r, _, dev) = judge_probe(false, &timing(5, 30), 11, true, None);
+        assert!(r.failure.is_none(), "{:?}", r.failure);
+        let seq: Vec<&str> = dev.calls.iter().map(|(c, _)| *c).filter(|c| *c != "bind").collect();
+        // First run, read back and checked; two warm-ups; then every timed run read back.
+        let runs: Vec<usize> = (0..seq.len()).filter(|i| seq[*i] == "run").collect();
+        assert_eq!(runs.len(), 1 + 2 + 30, "{seq:?}");
+        assert_eq!(&seq[..5], ["run", "read_back", "reference", "run", "run"], "{seq:?}");
+        let timed = &seq[runs[3]..runs[3] + 2 * 30];
+        assert!(timed.chunks(2).all(|p| p == ["run", "read_back"]), "{seq:?}");
+        let refs = seq.iter().filter(|c| **c == "reference").count();
+        assert!((3..=1 + CHECKED_TIMED).contains(&refs), "{refs} references: {seq:?}");
+    }
+
+    /// The timed runs checked (0 = the first timed run); none where two runs had the same
+    /// inputs (the same window of the pool), which would make that ambiguous.
+    fn checked_timed(dev: &Probe) -> Option<Vec<usize>> {
+        let s = &dev.staged;
+        if (0..s.len()).any(|i| s[i + 1..].contains(&s[i])) {
+            return None;
+        }
+        Some(dev.checked.iter().filter(|i| **i >= 3).map(|i| i - 3).collect())
+    }
+
+    #[test]
+    fn the_checked_timed_runs_are_few_and_spread_over_all_of_them() {
+        let (min_reps, reps) = (5usize, 30usize);
+        let mut kept = vec![0u32; reps];
+        for seed in 0..2000 {
+            let (r, _, dev) = judge_probe(false, &timing(min_reps as u32, reps as u32), seed, seed % 2 == 0, None);
+            assert!(r.failure.is_none(), "{:?}", r.failure);
+            let Some(mine) = checked_timed(&dev) else {
+                continue;
+            };
+            assert!(mine.len() <= CHECKED_TIMED, "seed {seed}: {mine:?}");
+            assert!(
+                mine.contains(&(reps - 1)),
+                "seed {seed}: the last is always checked: {mine:?}"
+            );
+            assert!(mine.iter().any(|k| *k < min_reps), "seed {seed}: one of the first: {mine:?}");
+            for k in mine {
+                kept[k] += 1;
+            }
+        }
+        // Every other timed run, early or late, is checked now and then, about equally often.
+        let others = &kept[min_reps..reps - 1];
+        let (lo, hi) = (others.iter().min().unwrap(), others.iter().max().unwrap());
+        assert!(*lo > 0 && f64::from(*lo) > 0.5 * f64::from(*hi), "{kept:?}");
+    }
+
+    #[test]
+    fn a_skipped_timed_run_that_is_checked_fails_the_workload() {
+        let t = timing(5, 30);
+        let (r, _, _) = judge_probe(false, &t, 3, true, Some(3 + 29));
+        let f = r.failure.expect("the last timed run is checked");
+        assert!(f.message.starts_with("last timed run: "), "{}", f.message);
+        let (_, _, dev) = judge_probe(false, &t, 3, true, None);
+        let mine = checked_timed(&dev).expect("no two runs with the same inputs");
+        assert!(mine.len() >= 2, "{mine:?}");
+        for rep in 0..30 {
+            let (r, _, _) = judge_probe(false, &t, 3, true, Some(3 + rep));
+            assert_eq!(r.failure.is_some(), mine.contains(&rep), "timed run {rep}; checked {mine:?}");
+        }
     }
 }

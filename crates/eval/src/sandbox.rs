@@ -4,31 +4,38 @@
 //! The judge (the worker, trusted) creates two anonymous memory files: one holding every
 //! buffer of the request, one holding the verified compiled kernel. It starts the runner
 //! (`ksearch runner`, the same executable) with a cleared environment, in a session and process
-//! group of its own, with limits on data memory and core files and a parent-death signal. Before
-//! any candidate code is loaded, the runner
+//! group of its own, with limits on data memory, threads and core files and a parent-death
+//! signal. Before any candidate code is loaded, the runner
 //! - maps each buffer into an arena of inaccessible pages, every buffer ending on a page
 //!   boundary, so a read or write past its end faults (and is reported as `out_of_bounds`);
-//! - leaves the network (a new network namespace) and, when started as root, drops to an
-//!   unprivileged user (so it can read neither its judge's nor the orchestrator's memory or
-//!   environment, and can write none of their files);
+//! - leaves the network and the host's System V IPC (new network and IPC namespaces) and, when
+//!   started as root, drops to an unprivileged user (so it can read neither its judge's nor the
+//!   orchestrator's memory or environment, and can write none of their files), in a user
+//!   namespace of its own where the kernel allows one (its thread limit then counts its own
+//!   threads only, not other runners');
 //! - restricts itself with Landlock (read-only system libraries, no writes anywhere, no
 //!   signals to processes outside its domain) where the kernel has it;
 //! - installs a seccomp filter: no new processes (threads only), no exec, no signals to other
-//!   processes, no tracing or reading of other processes' memory, no sockets, no namespaces, and
-//!   no remapping of the buffer arena.
+//!   processes, no tracing or reading of other processes' memory, no sockets, no namespaces, no
+//!   System V IPC, message queues, memfds or shared anonymous memory (state that outlives the
+//!   runner, memory the data limit does not count), and no remapping of the buffer arena.
 //!
 //! Each mechanism is probed, never required: what was applied is reported back as the
 //! isolation level and printed in the run header. The runner's replies are never believed:
 //! the judge times each call itself and checks the outputs. After each answer the runner stops
 //! its whole process (SIGSTOP, the call right after the answer), so a thread the kernel left
-//! running is frozen before it can finish the work; the judge reads outputs while it is stopped
-//! and continues it for the next call.
+//! running is frozen before it can finish the work. The judge's clock runs until it sees that
+//! stop (an answer can be forged by the candidate, which shares the runner's descriptors; the
+//! stop after unfinished work leaves the work undone); it reads outputs while the runner is
+//! stopped and continues it only for the next call, so nothing of the candidate runs between
+//! two calls, and a call whose outputs are checked looks like any other.
 
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -69,6 +76,9 @@ pub fn arena_len(lens: &[usize]) -> usize {
     slot_position(lens, lens.len())
 }
 
+/// The most threads (and processes) a runner's user may have (`RLIMIT_NPROC`).
+pub const MAX_THREADS: libc::rlim_t = 4096;
+
 /// Environment variables a runner may see (everything else is dropped).
 const RUNNER_ENV: &[&str] = &[
     "OMP_NUM_THREADS",
@@ -101,6 +111,8 @@ pub struct Runner {
     cmd: ChildStdin,
     replies: ChildStdout,
     stderr: Arc<Mutex<String>>,
+    /// The runner's stderr reached its end (every writer gone).
+    stderr_closed: Arc<AtomicBool>,
     shm: *mut u8,
     shm_len: usize,
     /// Offset of each slot in the shared file (= in the judge's mapping).
@@ -115,12 +127,30 @@ pub struct Runner {
     held: bool,
     /// Peak resident memory of the runner when it ended (bytes; from `wait4`).
     pub peak_rss: u64,
-    /// The fastest empty round trip over the channel, measured before the kernel was loaded.
+    /// What a call's round trip costs besides the call (the median of empty round trips with
+    /// cold caches, answer and stop included), measured before the kernel was loaded.
     pub channel_s: f64,
 }
 
 /// Empty round trips measured to calibrate the channel.
-const CALIBRATION_TRIPS: usize = 24;
+const CALIBRATION_TRIPS: usize = 16;
+/// Bytes written before each calibration trip, to leave the caches as cold as the judge's flush
+/// leaves them before a timed call.
+const EVICT_BYTES: usize = 64 << 20;
+
+/// Evict the caches (one buffer per process, made at its first use).
+fn evict_caches() {
+    static BUF: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+    if let Ok(mut b) = BUF.lock() {
+        if b.is_empty() {
+            b.resize(EVICT_BYTES, 0);
+        }
+        for x in b.iter_mut().step_by(64) {
+            *x = x.wrapping_add(1);
+        }
+        std::hint::black_box(&mut *b);
+    }
+}
 
 fn wait4(pid: libc::pid_t, st: &mut i32, flags: i32, peak: &mut u64) -> libc::pid_t {
     // SAFETY: waiting for our own child; rusage is plain data.
@@ -145,6 +175,22 @@ pub enum Death {
     /// Its answer channel carried bytes the runner's loop did not write (candidate code wrote
     /// to it: a forged "done"): the run's outputs and time cannot be believed.
     Forged(String),
+}
+
+/// The order to run every entry once on `bufs` (slot, payload size) with `dims`.
+fn order(bufs: &[(usize, usize)], dims: &[i64]) -> Vec<u8> {
+    let mut msg: Vec<u8> = Vec::with_capacity(24 + 16 * bufs.len() + 8 * dims.len());
+    msg.extend_from_slice(&1u64.to_le_bytes());
+    msg.extend_from_slice(&(bufs.len() as u64).to_le_bytes());
+    for (slot, size) in bufs {
+        msg.extend_from_slice(&(*slot as u64).to_le_bytes());
+        msg.extend_from_slice(&(payload_offset(*size) as u64).to_le_bytes());
+    }
+    msg.extend_from_slice(&(dims.len() as u64).to_le_bytes());
+    for d in dims {
+        msg.extend_from_slice(&d.to_le_bytes());
+    }
+    msg
 }
 
 impl Runner {
@@ -218,6 +264,8 @@ impl Runner {
         let err = child.stderr.take().ok_or("runner has no stderr")?;
         let stderr = Arc::new(Mutex::new(String::new()));
         let s2 = stderr.clone();
+        let stderr_closed = Arc::new(AtomicBool::new(false));
+        let closed = stderr_closed.clone();
         std::thread::spawn(move || {
             let mut r = std::io::BufReader::new(err);
             let mut buf = [0u8; 4096];
@@ -234,12 +282,14 @@ impl Runner {
                     }
                 }
             }
+            closed.store(true, Ordering::Release);
         });
         let mut r = Runner {
             child,
             cmd: stdin,
             replies: stdout,
             stderr,
+            stderr_closed,
             shm: shm as *mut u8,
             shm_len: total.max(1),
             shm_offsets,
@@ -263,20 +313,26 @@ impl Runner {
         }
         r.arena_base = parts.next().and_then(|s| u64::from_str_radix(s, 16).ok()).unwrap_or(0);
         r.isolation = parts.next().unwrap_or("").trim().to_string();
-        // Calibrate the channel while only trusted runner code runs: the fastest of a few empty
-        // round trips is what the channel costs at least.
-        let mut best = f64::INFINITY;
-        for _ in 0..CALIBRATION_TRIPS {
-            let t = Instant::now();
-            let mut one = [0u8; 1];
-            if r.cmd.write_all(&2u64.to_le_bytes()).and_then(|_| r.cmd.flush()).is_err()
-                || !matches!(r.replies.read(&mut one), Ok(1))
-            {
-                return Err(format!("INFRA:{}", r.died_reason("runner died while calibrating")));
+        // Calibrate the channel while only trusted runner code runs, with the protocol and the
+        // code of a call (`run`, `serve_call`) with nothing to call: the order, the answer, the
+        // runner stopping itself and the judge seeing the stop, each trip after the caches were
+        // evicted (as timed calls are). The median trip is what a call's channel costs.
+        let empty = order(&[], &[]);
+        let mut trips = Vec::with_capacity(CALIBRATION_TRIPS);
+        // The first trip finds the runner waiting on its pipe, not stopped: not counted.
+        for trip in 0..=CALIBRATION_TRIPS {
+            if trip > 0 {
+                evict_caches();
             }
-            best = best.min(t.elapsed().as_secs_f64());
+            match r.trip(&empty) {
+                Ok((dt, _)) if trip > 0 => trips.push(dt),
+                Ok(_) => {}
+                Err(_) => return Err(format!("INFRA:{}", r.died_reason("runner died while calibrating"))),
+            }
         }
-        r.channel_s = if best.is_finite() { best } else { 0.0 };
+        trips.sort_by(f64::total_cmp);
+        r.channel_s = trips.get(trips.len() / 2).copied().filter(|c| c.is_finite()).unwrap_or(0.0);
+        r.resume();
         if r.cmd.write_all(&3u64.to_le_bytes()).and_then(|_| r.cmd.flush()).is_err() {
             return Err(format!("INFRA:{}", r.died_reason("runner died before loading the kernel")));
         }
@@ -342,36 +398,15 @@ impl Runner {
 
     /// Run every entry once on `bufs` (slot, payload size) with `dims`; the seconds it took.
     ///
-    /// The judge times the round trip itself; the runner also reports the time it measured
-    /// around the call. The report is never believed below what the judge saw minus the
-    /// channel's calibrated cost (measured before any candidate code was loaded), nor above the
-    /// round trip: a runner that lies can gain no more than the channel's jitter, and an honest
-    /// one is not charged the wake-up of a process for every call.
+    /// The judge times the round trip itself, from the order to the runner's stop after its
+    /// answer; the runner also reports the time it measured around the call. The report is
+    /// never believed below what the judge saw minus the channel's calibrated cost (the same
+    /// round trip, stop included, measured before any candidate code was loaded), nor above the
+    /// round trip: a runner that lies (or a kernel that forges its answer) can gain no more than
+    /// that cost, and an honest one is not charged the wake-ups of two processes for every call.
+    /// The runner is left stopped.
     pub fn run(&mut self, bufs: &[(usize, usize)], dims: &[i64]) -> Result<f64, Death> {
-        let mut msg: Vec<u8> = Vec::with_capacity(16 + 16 * bufs.len() + 8 * dims.len());
-        msg.extend_from_slice(&1u64.to_le_bytes());
-        msg.extend_from_slice(&(bufs.len() as u64).to_le_bytes());
-        for (slot, size) in bufs {
-            msg.extend_from_slice(&(*slot as u64).to_le_bytes());
-            msg.extend_from_slice(&(payload_offset(*size) as u64).to_le_bytes());
-        }
-        msg.extend_from_slice(&(dims.len() as u64).to_le_bytes());
-        for d in dims {
-            msg.extend_from_slice(&d.to_le_bytes());
-        }
-        self.resume();
-        let t = Instant::now();
-        if self.cmd.write_all(&msg).and_then(|_| self.cmd.flush()).is_err() {
-            return Err(self.wait_death());
-        }
-        let mut b = [0u8; 9];
-        if self.replies.read_exact(&mut b).is_err() {
-            return Err(self.wait_death());
-        }
-        let seen = t.elapsed().as_secs_f64();
-        // The runner stops itself right after its answer (runner_main): wait for that stop, so
-        // whatever the kernel left running is frozen until the judge has read the outputs.
-        self.wait_stopped()?;
+        let (seen, b) = self.trip(&order(bufs, dims))?;
         // The runner's answer is b'D' and its own clock; anything else on the channel was
         // written by the candidate (it can reach every descriptor of its process).
         if b[0] != b'D' {
@@ -381,13 +416,51 @@ impl Runner {
                 b[0]
             )));
         }
+        self.no_bytes_beyond_answers()?;
         let said = f64::from_le_bytes(b[1..9].try_into().unwrap_or([0; 8]));
         let said = if said.is_finite() { said } else { seen };
         Ok(said.clamp((seen - self.channel_s).max(0.0), seen))
     }
 
-    /// Stop every thread of the runner (so nothing it left running can still write), run `f`,
-    /// then let it go on.
+    /// Send one order and time it, from continuing the runner to seeing it stop after its
+    /// answer; the seconds, and the answer (waiting on the channel when the runner stopped).
+    fn trip(&mut self, msg: &[u8]) -> Result<(f64, [u8; 9]), Death> {
+        // The order goes into the pipe while the runner is still stopped: continued, it finds the
+        // order at once.
+        if self.cmd.write_all(msg).and_then(|_| self.cmd.flush()).is_err() {
+            return Err(self.wait_death());
+        }
+        let t = Instant::now();
+        self.resume();
+        // The runner stops itself right after its answer (runner_main): wait for that stop, so
+        // whatever the kernel left running is frozen until the judge has read the outputs. The
+        // clock runs until the stop is seen, not until an answer arrives: the candidate shares
+        // the runner's process and can write an answer of its own long before it is done
+        // (pointing the runner's descriptor elsewhere), but it cannot stop its process early
+        // without leaving the work undone at the stop, or doing it in the next timed call.
+        self.wait_stopped()?;
+        let seen = t.elapsed().as_secs_f64();
+        // The runner answered before it stopped: the answer is waiting, whole.
+        let mut waiting: libc::c_int = 0;
+        // SAFETY: FIONREAD on our end of the pipe, into a c_int.
+        let r = unsafe { libc::ioctl(self.replies.as_raw_fd(), libc::FIONREAD, &mut waiting) };
+        if r != 0 || waiting < 9 {
+            self.kill();
+            return Err(Death::Forged(format!(
+                "the kernel stopped the runner before it answered ({} bytes on its answer channel)",
+                waiting.max(0)
+            )));
+        }
+        let mut b = [0u8; 9];
+        if self.replies.read_exact(&mut b).is_err() {
+            return Err(self.wait_death());
+        }
+        Ok((seen, b))
+    }
+
+    /// Stop every thread of the runner (so nothing it left running can still write) and run
+    /// `f`. The runner stays stopped: only the next `run` continues it, so a call whose outputs
+    /// were read looks, to the candidate, like any other (nothing runs between two calls).
     pub fn stopped<T>(&mut self, f: impl FnOnce(&mut Runner) -> T) -> Result<T, Death> {
         if !self.held {
             // SAFETY: signalling our own child.
@@ -396,9 +469,14 @@ impl Runner {
             }
             self.wait_stopped()?;
         }
-        // Stopped after its answer, the runner has nothing more to say: bytes still waiting on
-        // its answer channel were written by the candidate (a forged reply ahead of the real
-        // one, whose outputs were read before the work was done, or after).
+        self.no_bytes_beyond_answers()?;
+        Ok(f(self))
+    }
+
+    /// Stopped after its answer, the runner has nothing more to say: bytes still waiting on its
+    /// answer channel were written by the candidate (a forged reply ahead of the real one, whose
+    /// outputs were read before the work was done, or after).
+    fn no_bytes_beyond_answers(&mut self) -> Result<(), Death> {
         let mut waiting: libc::c_int = 0;
         // SAFETY: FIONREAD on our end of the pipe, into a c_int.
         let r = unsafe { libc::ioctl(self.replies.as_raw_fd(), libc::FIONREAD, &mut waiting) };
@@ -408,9 +486,7 @@ impl Runner {
                 "the kernel wrote to the runner's answer channel (a forged reply: {waiting} bytes beyond its answers)"
             )));
         }
-        let out = f(self);
-        self.resume();
-        Ok(out)
+        Ok(())
     }
 
     /// Wait until the runner is stopped (it stopped itself, or was stopped); its death if it
@@ -429,6 +505,7 @@ impl Runner {
         }
         if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
             self.exited = Some(st);
+            self.drain_stderr();
             return Err(self.death_of(st));
         }
         self.held = true;
@@ -485,10 +562,18 @@ impl Runner {
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
-        // Let the stderr reader take the last lines.
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        self.drain_stderr();
         self.exited = Some(st);
         self.death_of(st)
+    }
+
+    /// Let the stderr reader take the last lines of a runner that ended (its fault address among
+    /// them): until the pipe closes, for a moment at most.
+    fn drain_stderr(&self) {
+        let deadline = Instant::now() + std::time::Duration::from_millis(200);
+        while !self.stderr_closed.load(Ordering::Acquire) && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Which buffer a fault address falls next to: (slot, bytes past the payload end, or before
@@ -690,6 +775,28 @@ fn seccomp(arena: u64, arena_len: u64) -> Result<(), String> {
         libc::SYS_setregid,
         libc::SYS_setresuid,
         libc::SYS_setresgid,
+        // Memory no limit counts, and System V objects that would outlive the runner (its
+        // buffers were mapped before this filter; nothing of the runner uses these later).
+        libc::SYS_memfd_create,
+        libc::SYS_memfd_secret,
+        libc::SYS_shmget,
+        libc::SYS_shmat,
+        libc::SYS_shmctl,
+        libc::SYS_shmdt,
+        libc::SYS_msgget,
+        libc::SYS_msgsnd,
+        libc::SYS_msgrcv,
+        libc::SYS_msgctl,
+        libc::SYS_semget,
+        libc::SYS_semop,
+        libc::SYS_semtimedop,
+        libc::SYS_semctl,
+        libc::SYS_mq_open,
+        libc::SYS_mq_unlink,
+        libc::SYS_mq_timedsend,
+        libc::SYS_mq_timedreceive,
+        libc::SYS_mq_notify,
+        libc::SYS_mq_getsetattr,
     ];
     for s in always {
         deny.insert(s, vec![]);
@@ -729,9 +836,29 @@ fn seccomp(arena: u64, arena_len: u64) -> Result<(), String> {
     ] {
         deny.insert(s, in_arena()?);
     }
+    // Mapping over the arena; and mappings the data-memory limit does not count: shared
+    // anonymous memory (shmem, like a memfd's) and "stack" mappings (MAP_GROWSDOWN).
+    let kind = (libc::MAP_SHARED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
     deny.insert(
         libc::SYS_mmap,
-        vec![rule(vec![cond(0, Op::Ge, arena)?, cond(0, Op::Lt, arena + arena_len)?])?],
+        vec![
+            rule(vec![cond(0, Op::Ge, arena)?, cond(0, Op::Lt, arena + arena_len)?])?,
+            rule(vec![cond(
+                3,
+                Op::MaskedEq(kind),
+                (libc::MAP_SHARED | libc::MAP_ANONYMOUS) as u64,
+            )?])?,
+            rule(vec![cond(
+                3,
+                Op::MaskedEq(kind),
+                (libc::MAP_SHARED_VALIDATE | libc::MAP_ANONYMOUS) as u64,
+            )?])?,
+            rule(vec![cond(
+                3,
+                Op::MaskedEq(libc::MAP_GROWSDOWN as u64),
+                libc::MAP_GROWSDOWN as u64,
+            )?])?,
+        ],
     );
     let f = SeccompFilter::new(deny, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch)
         .map_err(|e| e.to_string())?;
@@ -903,14 +1030,36 @@ pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entr
         } else {
             libc::CLONE_NEWUSER | libc::CLONE_NEWNET
         };
-        if libc::unshare(flags) == 0 {
+        // An IPC namespace of its own too: System V objects and POSIX message queues it could
+        // make would outlive it (state carried to a later evaluation, memory no limit counts).
+        if libc::unshare(flags | libc::CLONE_NEWIPC) == 0 {
+            levels.push("netns");
+            levels.push("ipcns");
+        } else if libc::unshare(flags) == 0 {
             levels.push("netns");
         }
         if root {
             let nobody: libc::uid_t = 65534;
             if libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(nobody) == 0 && libc::setuid(nobody) == 0 {
                 levels.push("unprivileged uid");
+                // A user namespace of its own too, where the kernel lets an unprivileged user
+                // make one: its threads are then counted apart from other runners' (below).
+                libc::unshare(libc::CLONE_NEWUSER);
             }
+        }
+        // A bounded number of threads, so that a kernel's thread bomb fails in the kernel, not
+        // in every process of the machine. Set after the user namespace is made: there the
+        // count is of this runner's threads alone (without one, of all its user's processes).
+        let mut nproc = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NPROC, &mut nproc) == 0 {
+            let capped = libc::rlimit {
+                rlim_cur: nproc.rlim_cur.min(MAX_THREADS),
+                rlim_max: nproc.rlim_max.min(MAX_THREADS),
+            };
+            libc::setrlimit(libc::RLIMIT_NPROC, &capped);
         }
         // A change of credentials clears the parent-death signal: set it again.
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
@@ -937,27 +1086,23 @@ pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entr
     if so_fd < 0 {
         return 0;
     }
-    // Calibration round trips (2), then the order to load the kernel (3): still trusted code.
-    {
-        let mut input = std::io::stdin().lock();
-        let mut word = [0u8; 8];
-        loop {
-            if input.read_exact(&mut word).is_err() {
-                return 0;
-            }
-            match u64::from_le_bytes(word) {
-                2 => {
-                    if out.write_all(b"C").and_then(|_| out.flush()).is_err() {
-                        return 3;
-                    }
+    // Calibration round trips (calls with nothing to call, 1), then the order to load the
+    // kernel (3): still trusted code.
+    let mut input = std::io::stdin().lock();
+    let mut ptrs: Vec<*mut u8> = Vec::new();
+    let mut dims: Vec<i64> = Vec::new();
+    loop {
+        match read_word(&mut input) {
+            Some(1) => {
+                if let Err(code) = serve_call(&mut input, &mut out, &[], &lens, base, &mut ptrs, &mut dims) {
+                    return code;
                 }
-                3 => break,
-                _ => return 0,
             }
+            Some(3) => break,
+            _ => return 0,
         }
     }
     // Candidate code from here on (its static initialisers run at load).
-    type Entry = unsafe extern "C" fn(*mut *mut u8, *const i64);
     let path = format!("/proc/self/fd/{so_fd}");
     // SAFETY: loading untrusted code is this process's purpose; it is sandboxed above.
     let lib = match unsafe { libloading::Library::new(&path) } {
@@ -984,55 +1129,77 @@ pub fn runner_main(shm_fd: RawFd, so_fd: RawFd, slots: &str, offsets: &str, entr
     if writeln!(out, "L").and_then(|_| out.flush()).is_err() {
         return 3;
     }
-    let mut input = std::io::stdin().lock();
-    let mut word = [0u8; 8];
-    let mut next = |input: &mut std::io::StdinLock| -> Option<u64> {
-        input.read_exact(&mut word).ok()?;
-        Some(u64::from_le_bytes(word))
-    };
-    let mut ptrs: Vec<*mut u8> = Vec::new();
-    let mut dims: Vec<i64> = Vec::new();
     loop {
-        let Some(op) = next(&mut input) else { return 0 };
-        if op != 1 {
+        if read_word(&mut input) != Some(1) {
             return 0;
         }
-        let Some(n) = next(&mut input) else { return 3 };
-        ptrs.clear();
-        for _ in 0..n {
-            let (Some(slot), Some(off)) = (next(&mut input), next(&mut input)) else {
-                return 3;
-            };
-            let slot = slot as usize;
-            if slot >= lens.len() || off as usize >= lens[slot] {
-                return 3;
-            }
-            // SAFETY: inside slot `slot` of the arena.
-            ptrs.push(unsafe { base.add(slot_position(&lens, slot) + off as usize) });
-        }
-        let Some(nd) = next(&mut input) else { return 3 };
-        dims.clear();
-        for _ in 0..nd {
-            let Some(d) = next(&mut input) else { return 3 };
-            dims.push(d as i64);
-        }
-        let t = Instant::now();
-        for f in &fns {
-            // SAFETY: untrusted candidate code, run here by design.
-            unsafe { f(ptrs.as_mut_ptr(), dims.as_ptr()) };
-        }
-        let mut reply = [0u8; 9];
-        reply[0] = b'D';
-        reply[1..].copy_from_slice(&t.elapsed().as_secs_f64().to_le_bytes());
-        if out.write_all(&reply).and_then(|_| out.flush()).is_err() {
-            return 3;
-        }
-        // Stop every thread of this process at once, a system call after the answer, so that a
-        // thread the kernel left running cannot finish its work before the judge looks: the
-        // judge reads the outputs while the runner is stopped and continues it (`Runner::run`).
-        // SAFETY: a signal to this process itself (the seccomp filter allows no other).
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGSTOP);
+        if let Err(code) = serve_call(&mut input, &mut out, &fns, &lens, base, &mut ptrs, &mut dims) {
+            return code;
         }
     }
+}
+
+/// An entry point of the kernel.
+#[cfg(target_os = "linux")]
+type Entry = unsafe extern "C" fn(*mut *mut u8, *const i64);
+
+#[cfg(target_os = "linux")]
+fn read_word(input: &mut impl Read) -> Option<u64> {
+    let mut word = [0u8; 8];
+    input.read_exact(&mut word).ok()?;
+    Some(u64::from_le_bytes(word))
+}
+
+/// One call (after its order word, 1): the buffers and dimensions of the order, every entry run
+/// once, the answer (b'D' and the seconds the entries took), then a stop. Before the kernel is
+/// loaded there is nothing to call: the judge's calibration takes the same path. The exit code
+/// when the order is malformed or the channel gone.
+#[cfg(target_os = "linux")]
+fn serve_call(
+    input: &mut impl Read,
+    out: &mut std::fs::File,
+    fns: &[Entry],
+    lens: &[usize],
+    base: *mut u8,
+    ptrs: &mut Vec<*mut u8>,
+    dims: &mut Vec<i64>,
+) -> Result<(), i32> {
+    let n = read_word(input).ok_or(3)?;
+    ptrs.clear();
+    for _ in 0..n {
+        let (Some(slot), Some(off)) = (read_word(input), read_word(input)) else {
+            return Err(3);
+        };
+        let slot = slot as usize;
+        if slot >= lens.len() || off as usize >= lens[slot] {
+            return Err(3);
+        }
+        // SAFETY: inside slot `slot` of the arena.
+        ptrs.push(unsafe { base.add(slot_position(lens, slot) + off as usize) });
+    }
+    let nd = read_word(input).ok_or(3)?;
+    dims.clear();
+    for _ in 0..nd {
+        dims.push(read_word(input).ok_or(3)? as i64);
+    }
+    let t = Instant::now();
+    for f in fns {
+        // SAFETY: untrusted candidate code, run here by design.
+        unsafe { f(ptrs.as_mut_ptr(), dims.as_ptr()) };
+    }
+    let mut reply = [0u8; 9];
+    reply[0] = b'D';
+    reply[1..].copy_from_slice(&t.elapsed().as_secs_f64().to_le_bytes());
+    if out.write_all(&reply).and_then(|_| out.flush()).is_err() {
+        return Err(3);
+    }
+    // Stop every thread of this process at once, a system call after the answer, so that a
+    // thread the kernel left running cannot finish its work before the judge looks: the judge's
+    // clock ends at this stop, it reads the outputs while the runner is stopped, and continues it
+    // only with the next call (`Runner::run`).
+    // SAFETY: a signal to this process itself (the seccomp filter allows no other).
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGSTOP);
+    }
+    Ok(())
 }
