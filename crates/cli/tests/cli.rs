@@ -95,11 +95,9 @@ fn usage_errors_exit_2() {
     assert!(stderr(&o).contains("no task named `no_such_task`"), "{}", stderr(&o));
     let o = ks(&s).args(["run", "softmax", "--backend", "tpu"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
-    // No store yet: said, and none is created.
     let o = ks(&s).args(["resume", "42"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no runs yet"), "{}", stderr(&o));
-    assert!(!s.exists());
+    assert!(stderr(&o).contains("no run 42"), "{}", stderr(&o));
 }
 
 #[test]

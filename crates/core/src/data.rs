@@ -515,3 +515,75 @@ mod tests {
         assert!(!check(&out, DType::F64, &r, Tolerance { atol: 1e-3, rtol: 1e-3 }).passed());
     }
 }
+
+/// A per-run change of an input's values: `x' = center + (x - center) * scale`, computed in
+/// f64 and rounded once to the input's dtype. Windows of one pool repeat values from run to
+/// run (a kernel could reuse what it computed for them); a fresh scale per run makes every
+/// value new while keeping it in its distribution's range (`center` is a normal's mean or a
+/// uniform's low end, `scale` below 1). Integer inputs are never changed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fresh {
+    pub center: f64,
+    pub scale: f64,
+}
+
+impl Fresh {
+    pub const NONE: Fresh = Fresh { center: 0.0, scale: 1.0 };
+
+    /// A fresh change for an input drawn from `init` in `dtype`: a scale in [0.75, 1).
+    pub fn draw(init: &crate::task::Init, dtype: DType, rng: &mut Rng) -> Fresh {
+        if !matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::Bf16) {
+            return Fresh::NONE;
+        }
+        let center = match *init {
+            crate::task::Init::Normal { mean, .. } => mean,
+            crate::task::Init::Uniform { lo, .. } => lo,
+        };
+        let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        Fresh {
+            center,
+            scale: 0.75 + 0.25 * u,
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.scale == 1.0
+    }
+
+    /// `src` (encoded `dtype` elements) changed into `dst` (same length).
+    pub fn apply(&self, src: &[u8], dst: &mut [u8], dtype: DType) {
+        if self.is_none() {
+            dst.copy_from_slice(src);
+            return;
+        }
+        let (c, k) = (self.center, self.scale);
+        let f = |x: f64| c + (x - c) * k;
+        match dtype {
+            DType::F32 => {
+                for (d, s) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
+                    let x = f32::from_le_bytes([s[0], s[1], s[2], s[3]]) as f64;
+                    d.copy_from_slice(&(f(x) as f32).to_le_bytes());
+                }
+            }
+            DType::F64 => {
+                for (d, s) in dst.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
+                    let x = f64::from_le_bytes(s.try_into().unwrap_or([0; 8]));
+                    d.copy_from_slice(&f(x).to_le_bytes());
+                }
+            }
+            DType::F16 => {
+                for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+                    let x = half::f16::from_le_bytes([s[0], s[1]]).to_f64();
+                    d.copy_from_slice(&half::f16::from_f64(f(x)).to_le_bytes());
+                }
+            }
+            DType::Bf16 => {
+                for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+                    let x = half::bf16::from_le_bytes([s[0], s[1]]).to_f64();
+                    d.copy_from_slice(&half::bf16::from_f64(f(x)).to_le_bytes());
+                }
+            }
+            _ => dst.copy_from_slice(src),
+        }
+    }
+}

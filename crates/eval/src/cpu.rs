@@ -413,6 +413,8 @@ struct CpuDevice<'a> {
     n_in: usize,
     dims: Vec<i64>,
     pools: Vec<Vec<u8>>,
+    /// Each input's element type on this back-end.
+    dtypes: Vec<ksearch_core::task::DType>,
 }
 
 impl<'a> CpuDevice<'a> {
@@ -455,6 +457,7 @@ impl<'a> CpuDevice<'a> {
             n_in: 0,
             dims: Vec::new(),
             pools: Vec::new(),
+            dtypes: req.task.inputs.iter().map(|t| req.task.dtype_on(req.backend, t)).collect(),
         })
     }
 
@@ -545,6 +548,20 @@ impl Device for CpuDevice<'_> {
             let (slot, size) = self.bufs[i];
             let src = &self.pools[i][*off..off + size];
             self.runner.payload(slot, size).copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    fn fresh_values(&self) -> bool {
+        true
+    }
+
+    fn stage_fresh(&mut self, offsets: &[usize], fresh: &[ksearch_core::data::Fresh]) -> Result<(), Stop> {
+        for (i, off) in offsets.iter().enumerate() {
+            let (slot, size) = self.bufs[i];
+            let src = &self.pools[i][*off..off + size];
+            let f = fresh.get(i).copied().unwrap_or(ksearch_core::data::Fresh::NONE);
+            f.apply(src, self.runner.payload(slot, size), self.dtypes[i]);
         }
         Ok(())
     }

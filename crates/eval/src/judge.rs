@@ -63,6 +63,16 @@ pub trait Device {
     fn stage(&mut self, offsets: &[usize]) -> Result<(), Stop>;
     /// Fill output `i` with copies of `patterns[i]`.
     fn poison(&mut self, patterns: &[Vec<u8>]) -> Result<(), Stop>;
+    /// Does the device take `stage_fresh` (every value of every run new)? A device whose
+    /// staging is a copy on another processor takes windows as they are.
+    fn fresh_values(&self) -> bool {
+        false
+    }
+    /// `stage`, each input's window changed by `fresh[i]` on its way (see `data::Fresh`).
+    fn stage_fresh(&mut self, offsets: &[usize], fresh: &[data::Fresh]) -> Result<(), Stop> {
+        let _ = fresh;
+        self.stage(offsets)
+    }
     /// Evict caches before a timed run.
     fn flush(&mut self) {}
     /// Run every launch once; the seconds it took, measured by trusted code.
@@ -279,6 +289,9 @@ fn make_pools(task: &Task, backend: ksearch_core::Backend, w: &WorkloadReq) -> R
 struct Seen {
     /// Element offsets into each pool.
     offsets: Vec<usize>,
+    /// The run's change of each input's values (`Fresh::NONE` where the device takes windows
+    /// as they are).
+    fresh: Vec<data::Fresh>,
     poisons: Vec<Vec<u8>>,
     outputs: Vec<Vec<u8>>,
     inputs: Vec<Vec<u8>>,
@@ -322,27 +335,46 @@ fn judge_workload(
     // evaluation's seed, which the candidate never sees.
     let mut rng = Rng::new(data::sub_seed(w.seed, 0x4A55_4447));
     let out_types: Vec<DType> = outs.iter().map(|(_, _, d)| *d).collect();
-    let prepare = |dev: &mut dyn Device, rng: &mut Rng, flush: bool| -> Result<(Vec<usize>, Vec<Vec<u8>>), Stop> {
+    type Prepared = (Vec<usize>, Vec<data::Fresh>, Vec<Vec<u8>>);
+    let fresh_values = dev.fresh_values();
+    let prepare = |dev: &mut dyn Device, rng: &mut Rng, flush: bool| -> Result<Prepared, Stop> {
         let offsets: Vec<usize> = pools
             .iter()
             .map(|p| (rng.next_u64() % (pools_extra_of(p) as u64 + 1)) as usize)
             .collect();
         let byte_offsets: Vec<usize> = offsets.iter().zip(&pools).map(|(o, p)| o * p.dtype.size()).collect();
-        profile::time("stage", || dev.stage(&byte_offsets))?;
+        // Every value new in every run: a window of the pool changed by a fresh scale.
+        let fresh: Vec<data::Fresh> = pools
+            .iter()
+            .zip(&task.inputs)
+            .map(|(p, t)| {
+                if fresh_values {
+                    data::Fresh::draw(&t.init, p.dtype, rng)
+                } else {
+                    data::Fresh::NONE
+                }
+            })
+            .collect();
+        if fresh_values {
+            profile::time("stage", || dev.stage_fresh(&byte_offsets, &fresh))?;
+        } else {
+            profile::time("stage", || dev.stage(&byte_offsets))?;
+        }
         let poisons: Vec<Vec<u8>> = out_types.iter().map(|d| data::random_poison(*d, rng)).collect();
         profile::time("poison", || dev.poison(&poisons))?;
         if flush {
             profile::time("flush", || dev.flush());
         }
-        Ok((offsets, poisons))
+        Ok((offsets, fresh, poisons))
     };
 
     // 1. A first run, checked at once: a wrong kernel is not timed.
-    let (offsets, poisons) = prepare(dev, &mut rng, false)?;
+    let (offsets, fresh, poisons) = prepare(dev, &mut rng, false)?;
     *kernel_s += profile::time("run", || dev.run())?;
     let (outputs, inputs) = profile::time("read_back", || dev.read_back())?;
     let first = Seen {
         offsets,
+        fresh,
         poisons,
         outputs,
         inputs,
@@ -388,7 +420,7 @@ fn judge_workload(
     let mut spent = 0.0;
     loop {
         let rep = samples.len() as u32;
-        let (offsets, poisons) = prepare(dev, &mut rng, timing.flush)?;
+        let (offsets, fresh, poisons) = prepare(dev, &mut rng, timing.flush)?;
         let (extra, pick) = (rng.next_u64().is_multiple_of(min_reps as u64), rng.next_u64());
         let t = profile::time("run", || dev.run())?;
         *kernel_s += t;
@@ -425,6 +457,7 @@ fn judge_workload(
         if let Some((outputs, inputs)) = back {
             let s = Seen {
                 offsets,
+                fresh,
                 poisons,
                 outputs,
                 inputs,
@@ -499,9 +532,18 @@ fn verify(
     // no device.
     ph.host();
     let t_inputs = std::time::Instant::now();
-    for ((p, got), off) in pools.iter().zip(&s.inputs).zip(&s.offsets) {
+    for (((p, got), off), fresh) in pools.iter().zip(&s.inputs).zip(&s.offsets).zip(&s.fresh) {
         let sz = p.dtype.size();
-        let want = &p.bytes[off * sz..(off + p.len) * sz];
+        let window = &p.bytes[off * sz..(off + p.len) * sz];
+        let changed_copy;
+        let want: &[u8] = if fresh.is_none() {
+            window
+        } else {
+            let mut v = vec![0u8; window.len()];
+            fresh.apply(window, &mut v, p.dtype);
+            changed_copy = v;
+            &changed_copy
+        };
         if got.as_slice() != want {
             let first = got
                 .chunks_exact(sz)
@@ -522,7 +564,7 @@ fn verify(
             }));
         }
     }
-    // The inputs as read back, now known to be exactly the pool windows the run was given.
+    // The inputs as read back, now known to be exactly what the run was given.
     let inputs: Vec<HostTensor> = pools
         .iter()
         .zip(s.inputs)

@@ -64,6 +64,9 @@ const PIECE: usize = 8;
 #[derive(Debug, Clone, Default)]
 pub struct Scrubber {
     secrets: Vec<String>,
+    /// The secrets whose pieces are redacted too: values of variables named as secrets (or
+    /// configured as keys), not the values guessed to be secret from their look.
+    named: Vec<String>,
 }
 
 impl Scrubber {
@@ -72,24 +75,29 @@ impl Scrubber {
     /// path (which cannot be told from ordinary text without redacting half of every log).
     /// `extra` names variables configured as holding keys (e.g. `[llm] api_key_env`).
     pub fn from_env(extra: &[String]) -> Scrubber {
-        let mut secrets = Vec::new();
+        let (mut secrets, mut pieces) = (Vec::new(), Vec::new());
         for (k, v) in std::env::vars() {
             let v = v.trim().to_string();
             let named = is_secret_name(&k) || extra.iter().any(|e| e == &k);
             let unknown =
                 !allowed(&k) && !launcher_var(&k) && v.len() >= 12 && !v.contains('/') && !v.contains(' ') && !v.contains(':');
+            if named && v.len() >= 4 {
+                pieces.push(v.clone());
+            }
             if (named && v.len() >= 4) || unknown {
                 secrets.push(v);
             }
         }
-        let mut s = Scrubber { secrets };
+        let mut s = Scrubber { secrets, named: pieces };
         s.normalise();
         s
     }
 
     pub fn with_values(values: &[&str]) -> Scrubber {
+        let secrets: Vec<String> = values.iter().filter(|v| v.len() >= 4).map(|v| v.to_string()).collect();
         let mut s = Scrubber {
-            secrets: values.iter().filter(|v| v.len() >= 4).map(|v| v.to_string()).collect(),
+            named: secrets.clone(),
+            secrets,
         };
         s.normalise();
         s
@@ -115,13 +123,17 @@ impl Scrubber {
                 out = out.replace(secret.as_str(), "[redacted]");
             }
         }
-        if self.secrets.is_empty() {
+        if self.named.is_empty() {
             return out;
         }
         let mut res = String::with_capacity(out.len());
         let mut run = String::new();
         let flush = |run: &mut String, res: &mut String| {
-            if run.len() >= PIECE && self.secrets.iter().any(|x| x.contains(run.as_str())) {
+            // A piece is a run with a digit in it (a word of the language is not a key's piece).
+            if run.len() >= PIECE
+                && run.bytes().any(|b| b.is_ascii_digit())
+                && self.named.iter().any(|x| x.contains(run.as_str()))
+            {
                 res.push_str("[redacted]");
             } else {
                 res.push_str(run);
@@ -199,9 +211,12 @@ mod tests {
     #[test]
     fn scrubs_the_pieces_a_compiler_names_one_by_one() {
         let s = Scrubber::with_values(&["sk-proj-Canary0123456789abcdefXYZ"]);
-        let log = "error: 'Canary0123456789abcdefXYZ' was not declared; 'proj' ...; 'abcdefXYZ' too; kernel_softmax ok";
+        let log = "error: 'Canary0123456789abcdefXYZ' was not declared; 'proj' ...; '789abcdef' too; kernel_softmax ok";
         let t = s.text(log);
-        assert!(!t.contains("Canary") && !t.contains("abcdefXYZ"), "{t}");
+        assert!(!t.contains("Canary") && !t.contains("789abcdef"), "{t}");
         assert!(t.contains("kernel_softmax ok") && t.contains("'proj'"), "{t}");
+        // Words are never pieces: "translation" stays, even when a secret contains it.
+        let s = Scrubber::with_values(&["no_verified_translation_after_the_rounds"]);
+        assert_eq!(s.text("the translation layer"), "the translation layer");
     }
 }
