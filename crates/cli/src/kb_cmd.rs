@@ -430,9 +430,15 @@ fn emulate(
     let backend = match backend {
         "mlx-metal" | "metal" => ksearch_core::Backend::MlxMetal,
         "cuda" => ksearch_core::Backend::Cuda,
-        other => return usage(format!("--backend `{other}`: emulation runs mlx-metal or cuda kernels")),
+        "mlx-cuda" => ksearch_core::Backend::MlxCuda,
+        other => {
+            return usage(format!(
+                "--backend `{other}`: emulation runs mlx-metal, cuda or mlx-cuda (whole CUDA units) kernels"
+            ));
+        }
     };
-    let cuda = backend == ksearch_core::Backend::Cuda;
+    let cuda = matches!(backend, ksearch_core::Backend::Cuda | ksearch_core::Backend::MlxCuda);
+    let mlx_unit = backend == ksearch_core::Backend::MlxCuda;
     let Some(b) = task.backend(backend) else {
         return usage(format!("task `{name}` has no {backend} back-end"));
     };
@@ -604,8 +610,18 @@ fn emulate(
                         .iter()
                         .filter_map(|(n, v)| serde_json::to_value(v).ok().map(|v| (n.clone(), v)))
                         .collect();
-                    let ptx = |c: &BTreeMap<String, i64>| ksearch_eval::cuda::emulation_ptx(&task, &k.source, &options, c);
-                    emulate_cuda_kernel(&task, k, config, w, 0x5eed + i as u64, limit, &ptx)
+                    let ptx =
+                        |c: &BTreeMap<String, i64>| ksearch_eval::cuda::emulation_ptx(&task, &k.source, &options, c, mlx_unit);
+                    if mlx_unit && ksearch_core::mlx::Form::of_options(&k.options) != Ok(ksearch_core::mlx::Form::Cuda) {
+                        skipped += 1;
+                        println!(
+                            "skip {kname} [{}] on {}: an MLX body (MLX's own compiler builds it), not a whole CUDA unit",
+                            show(config),
+                            show(w)
+                        );
+                        continue;
+                    }
+                    emulate_cuda_kernel(&task, backend, k, config, w, 0x5eed + i as u64, limit, &ptx)
                 } else {
                     emulate_kernel(&task, k, config, w, 0x5eed + i as u64, limit)
                 };

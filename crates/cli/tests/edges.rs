@@ -200,7 +200,7 @@ fn emulated_workloads_belong_to_the_emulated_back_ends_only() {
         &o,
         &[
             "softmax/task.toml:",
-            "backends.cpu.emulate: only the mlx-metal and cuda back-ends",
+            "backends.cpu.emulate: only the mlx-metal, cuda and mlx-cuda back-ends",
         ],
     );
 }

@@ -338,6 +338,23 @@ fn emulate_runs_every_cuda_kernel_of_every_task_through_the_ptx_interpreter() {
             .collect();
         assert_eq!(names.len(), kernels, "{task}: {stdout}");
         assert!(!stdout.contains("FAIL"), "{stdout}");
+        if task == "mamba_scan" {
+            // The MLX twins: the same units built as MLX's worker builds them (32-bit axes),
+            // their arguments as MLX passes them; MLX bodies are MLX's compiler's.
+            let (code, stdout, stderr) =
+                out(ksearch()
+                    .arg("--tasks-dir")
+                    .arg(tasks_dir())
+                    .args(["kb", "emulate", task, "--backend", "mlx-cuda"]));
+            assert_eq!(code, 0, "{stdout}{stderr}");
+            let units: std::collections::BTreeSet<&str> = stdout
+                .lines()
+                .filter(|l| l.starts_with("ok   "))
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .collect();
+            assert_eq!(units.len(), 3, "{stdout}");
+            assert!(stdout.contains("skip seed") && stdout.contains("an MLX body"), "{stdout}");
+        }
         if task == "attention" {
             assert!(
                 stdout.contains("skip flash_ws")

@@ -653,11 +653,11 @@ impl Task {
             if b.search.is_empty() {
                 return Err(inv(&sect, format!("backends.{bname}: no search workloads")));
             }
-            if !b.emulate.is_empty() && bname != "mlx-metal" && bname != "cuda" {
+            if !b.emulate.is_empty() && !["mlx-metal", "cuda", "mlx-cuda"].contains(&bname.as_str()) {
                 return Err(inv(
                     &sect,
                     format!(
-                        "backends.{bname}.emulate: only the mlx-metal and cuda back-ends have emulated workloads (`ksearch kb emulate`)"
+                        "backends.{bname}.emulate: only the mlx-metal, cuda and mlx-cuda back-ends have emulated workloads (`ksearch kb emulate`)"
                     ),
                 ));
             }

@@ -381,9 +381,15 @@ pub fn emulation_ptx(
     source: &str,
     options: &BTreeMap<String, serde_json::Value>,
     defines: &BTreeMap<String, i64>,
+    mlx_unit: bool,
 ) -> Result<String, String> {
     let arch = candidate_arch((9, 0), source, options).replacen("sm_", "compute_", 1);
-    let opts: Vec<String> = nvrtc_options(&arch, &candidate_defines(task, defines), &extra_flags(options))
+    let mut extra = extra_flags(options);
+    if mlx_unit {
+        // As MLX's worker builds a whole CUDA unit: 32-bit axes.
+        extra.extend(crate::mlx_cuda::unit_flags());
+    }
+    let opts: Vec<String> = nvrtc_options(&arch, &candidate_defines(task, defines), &extra)
         .into_iter()
         .filter(|o| !o.starts_with("--ptxas-options"))
         .collect();

@@ -243,13 +243,15 @@ fn env_of(w: &Workload, config: &BTreeMap<String, i64>) -> BTreeMap<String, i64>
 /// Compiles a kernel's source for a configuration to PTX text.
 pub type PtxOf<'a> = dyn Fn(&BTreeMap<String, i64>) -> Result<String, String> + 'a;
 
-/// Run kernel `k` of the task's `cuda` back-end in `config` on workload `w` through the PTX
-/// interpreter. `ptx` compiles the kernel's source for a configuration (the build's defines) to
+/// Run kernel `k` of the task's `cuda` back-end (or a whole CUDA unit of its `mlx-cuda` one) in
+/// `config` on workload `w` through the PTX interpreter. `ptx` compiles the kernel's source for a configuration (the build's defines) to
 /// PTX text (NVRTC's output for a virtual architecture). The kernel's launches run in order, its
 /// arguments as the CUDA back-end passes them: inputs, outputs, scratch, then every axis as a
 /// 64-bit integer. `Ok(None)`: the kernel does not admit the workload in this configuration.
+#[allow(clippy::too_many_arguments)]
 pub fn emulate_cuda_kernel(
     task: &Task,
+    backend: Backend,
     k: &KernelSpec,
     config: &BTreeMap<String, i64>,
     w: &Workload,
@@ -264,15 +266,37 @@ pub fn emulate_cuda_kernel(
     let env = env_of(w, &config);
     let text = ptx(&config)?;
     let module = ksearch_ptx::load(&text).map_err(|e| format!("PTX: {e}"))?;
-    let mut run = Prepared::new(task, Backend::Cuda, w, seed)?;
+    let mut run = Prepared::new(task, backend, w, seed)?;
     run.add_scratch(k, &env, seed)?;
     let nbuf = run.buffers.len();
-    let mut args: Vec<ksearch_ptx::Arg> = (0..nbuf).map(ksearch_ptx::Arg::Buffer).collect();
-    args.extend(
-        task.axes
+    let axes = task
+        .axes
+        .iter()
+        .map(|a| ksearch_ptx::Arg::Word(w.get(a).copied().unwrap_or(0) as u64));
+    // The CUDA back-end passes every buffer (inputs, outputs, scratch) to every launch, then the
+    // axes as 64-bit integers; MLX passes a launch its own inputs and outputs by name, then the
+    // axes as 32-bit ints (`-DKS_AXIS=int`; a parameter takes the low bytes of its word).
+    let names: Vec<String> = run.buffers.iter().map(|b| b.name.clone()).collect();
+    let args_of = |l: &ksearch_core::task::LaunchSpec| -> Result<Vec<ksearch_ptx::Arg>, String> {
+        if backend != Backend::MlxCuda {
+            return Ok((0..nbuf).map(ksearch_ptx::Arg::Buffer).chain(axes.clone()).collect());
+        }
+        let io = ksearch_core::mlx::launch_io(task, backend, k);
+        let me = io
             .iter()
-            .map(|a| ksearch_ptx::Arg::Word(w.get(a).copied().unwrap_or(0) as u64)),
-    );
+            .find(|x| x.entry == l.entry)
+            .ok_or_else(|| format!("launch `{}` has no inputs and outputs", l.entry))?;
+        let mut v = Vec::new();
+        for (n, _) in me.inputs.iter().chain(&me.outputs) {
+            let i = names
+                .iter()
+                .position(|b| b == n)
+                .ok_or_else(|| format!("launch `{}` names no tensor or scratch `{n}`", l.entry))?;
+            v.push(ksearch_ptx::Arg::Buffer(i));
+        }
+        v.extend(axes.clone());
+        Ok(v)
+    };
     let eval = |e: &str, what: &str| -> Result<u32, String> {
         let v = expr::eval_i64(e, &env).map_err(|err| format!("{what} `{e}`: {err}"))?;
         u32::try_from(v).map_err(|_| format!("{what} `{e}` = {v}"))
@@ -293,6 +317,7 @@ pub fn emulate_cuda_kernel(
             reverse: seed % 2 == 1,
             ..Default::default()
         };
+        let args = args_of(l)?;
         ksearch_ptx::run(&module, &launch, &args, &mut bufs, &lim).map_err(|mut e| {
             // Buffers by their tensors' names.
             for (i, b) in run.buffers.iter().enumerate().rev() {
