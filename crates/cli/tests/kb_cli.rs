@@ -296,6 +296,15 @@ fn emulate_runs_a_task_metal_kernel_on_the_cpu_and_checks_it() {
     }
 }
 
+/// The kernels with at least one `ok` line in `kb emulate`'s output.
+fn passed_kernels(stdout: &str) -> std::collections::BTreeSet<&str> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("ok   "))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect()
+}
+
 /// Whether NVRTC is here (scripts/test.sh exports where it installed it and requires it).
 fn nvrtc_here() -> bool {
     let inc = std::env::var("KSEARCH_CUDA_INCLUDE").unwrap_or_default();
@@ -331,11 +340,7 @@ fn emulate_runs_every_cuda_kernel_of_every_task_through_the_ptx_interpreter() {
                 .args(["kb", "emulate", task, "--backend", "cuda"]));
         assert_eq!(code, 0, "{task}: {stdout}{stderr}");
         assert!(stdout.contains(": 0 failed, "), "{task}: {stdout}");
-        let names: std::collections::BTreeSet<&str> = stdout
-            .lines()
-            .filter(|l| l.starts_with("ok   "))
-            .filter_map(|l| l.split_whitespace().nth(1))
-            .collect();
+        let names = passed_kernels(&stdout);
         assert_eq!(names.len(), kernels, "{task}: {stdout}");
         assert!(!stdout.contains("FAIL"), "{stdout}");
         if task == "mamba_scan" {
@@ -347,11 +352,7 @@ fn emulate_runs_every_cuda_kernel_of_every_task_through_the_ptx_interpreter() {
                     .arg(tasks_dir())
                     .args(["kb", "emulate", task, "--backend", "mlx-cuda"]));
             assert_eq!(code, 0, "{stdout}{stderr}");
-            let units: std::collections::BTreeSet<&str> = stdout
-                .lines()
-                .filter(|l| l.starts_with("ok   "))
-                .filter_map(|l| l.split_whitespace().nth(1))
-                .collect();
+            let units = passed_kernels(&stdout);
             assert_eq!(units.len(), 3, "{stdout}");
             assert!(stdout.contains("skip seed") && stdout.contains("an MLX body"), "{stdout}");
         }

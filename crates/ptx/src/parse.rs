@@ -303,7 +303,9 @@ struct Decl {
     range: Option<u32>,
 }
 
-fn parse_decl(p: &mut P) -> Result<Decl, String> {
+/// The qualifiers before a declared name: `.align N`, a type (or `.vN .type`), others skipped.
+/// (alignment, 0 when not given; element bytes, 0 when no type).
+fn type_prefix(p: &mut P) -> Result<(u64, u64), String> {
     let mut align = 0u64;
     let mut elem = 0u64;
     loop {
@@ -330,6 +332,11 @@ fn parse_decl(p: &mut P) -> Result<Decl, String> {
             break;
         }
     }
+    Ok((align, elem))
+}
+
+fn parse_decl(p: &mut P) -> Result<Decl, String> {
+    let (align, elem) = type_prefix(p)?;
     if elem == 0 {
         return Err(format!("line {}: a declaration without a type", p.line()));
     }
@@ -620,25 +627,7 @@ fn parse_function(p: &mut P, m: &mut Module, globals: &HashMap<String, u32>, ent
             if kw != ".param" && kw != ".reg" {
                 return Err(format!("line {}: unsupported parameter kind {kw} in {name}", p.line()));
             }
-            let mut align = 0u64;
-            let mut elem = 0u64;
-            loop {
-                if p.is_word(".align") {
-                    p.next();
-                    align = parse_int(&p.word()?).unwrap_or(8) as u64;
-                } else if let Some(Tok::Word(w)) = p.peek() {
-                    if let Some(s) = type_size(w) {
-                        elem = s;
-                        p.next();
-                    } else if w.starts_with('.') {
-                        p.next();
-                    } else {
-                        break;
-                    }
-                } else {
-                    break;
-                }
-            }
+            let (align, elem) = type_prefix(p)?;
             let pname = p.word()?;
             let mut count = 1u64;
             while p.eat_p('[') {
