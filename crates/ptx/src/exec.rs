@@ -725,6 +725,24 @@ impl Grid<'_> {
             vecs(&ins.args[2])?,
             vecs(&ins.args[3])?,
         );
+        // Registers per operand, from the PTX ISA's fragment tables.
+        let (na, nb) = match (tf32, k) {
+            (true, 4) => (2, 1),
+            (true, _) => (4, 2),
+            (false, 8) => (2, 1),
+            (false, _) => (4, 2),
+        };
+        let nc = if cty == Ty::F32 { 4 } else { 2 };
+        let nd = if dty == Ty::F32 { 4 } else { 2 };
+        if av.len() != na || bv.len() != nb || cv.len() != nc || dv.len() != nd {
+            return Err(format!(
+                "mma operands of {}, {}, {} and {} registers (this shape takes {nd}, {na}, {nb}, {nc})",
+                dv.len(),
+                av.len(),
+                bv.len(),
+                cv.len()
+            ));
+        }
         for (lane, t) in lanes.iter().enumerate() {
             let g = lane / 4;
             let q = lane % 4;
@@ -1233,7 +1251,7 @@ impl Grid<'_> {
         // Packed halves: lane-wise over the two 16-bit values.
         if is16x2(ty) && !matches!(base, Base::And | Base::Or | Base::Xor | Base::Not | Base::Mov) {
             let half_ty = if ty == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
-            let n = a.len() - 1;
+            let n = (a.len() - 1).min(3);
             let mut out = 0u64;
             for h in 0..2 {
                 let mut xs = [0f64; 3];
@@ -1247,7 +1265,7 @@ impl Grid<'_> {
             return Ok(out);
         }
         if ty.float() {
-            let n = a.len() - 1;
+            let n = (a.len() - 1).min(3);
             let mut xs = [0f64; 3];
             let mut raw = [0u64; 3];
             for i in 0..n.min(3) {

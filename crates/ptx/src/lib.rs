@@ -14,11 +14,26 @@
 //! (`ex2.approx`, `rcp.approx`, ...) are computed exactly, i.e. at least as accurately as the GPU;
 //! `mma` accumulates in f64.
 
-mod exec;
+pub mod exec;
 mod op;
 mod parse;
 
-pub use exec::{Arg, Launch, Limits, Stats, buffer_address, run};
+pub use exec::{Arg, Launch, Limits, Stats, buffer_address};
+
+/// Run `launch` (see [`exec::run`]); a fault of the interpreter itself is an error too, never a
+/// panic of the caller (PTX from inline assembly is not checked by NVRTC for a virtual
+/// architecture, so the interpreter sees whatever a kernel's author wrote).
+pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>], lim: &Limits) -> Result<Stats, String> {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec::run(module, launch, args, bufs, lim)));
+    r.unwrap_or_else(|p| {
+        let what = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        Err(format!("the interpreter cannot run this PTX ({what})"))
+    })
+}
 pub use parse::{Module, parse};
 
 /// Parse PTX text (NVRTC's output).

@@ -542,3 +542,54 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
     }
     Ok(op)
 }
+
+/// The fewest operands an instruction takes (the interpreter reads no further than this without
+/// checking).
+pub fn min_operands(op: &Op) -> usize {
+    match op.base {
+        Base::Ret | Base::Exit | Base::Nop | Base::CpAsyncCommit | Base::CpAsyncWaitAll => 0,
+        Base::Bra | Base::Bar | Base::BarWarp | Base::CpAsyncWait | Base::Activemask => 1,
+        Base::Mov | Base::Ld | Base::St | Base::Cvta | Base::Ldmatrix | Base::Red => 2,
+        Base::Cvt if matches!(op.ty, Ty::F16x2 | Ty::BF16x2) => 3,
+        Base::Cvt => 2,
+        Base::Abs
+        | Base::Neg
+        | Base::Not
+        | Base::CNot
+        | Base::Popc
+        | Base::Clz
+        | Base::Brev
+        | Base::Ex2
+        | Base::Lg2
+        | Base::Rcp
+        | Base::Sqrt
+        | Base::Rsqrt
+        | Base::Sin
+        | Base::Cos
+        | Base::Tanh => 2,
+        Base::Setp | Base::Set if op.bop != mode::NONE => 4,
+        Base::Atom if op.mode == mode::CAS => 4,
+        Base::Add
+        | Base::Sub
+        | Base::Mul
+        | Base::Div
+        | Base::Rem
+        | Base::Min
+        | Base::Max
+        | Base::And
+        | Base::Or
+        | Base::Xor
+        | Base::Shl
+        | Base::Shr
+        | Base::Copysign
+        | Base::Mul24
+        | Base::Setp
+        | Base::Set
+        | Base::Atom
+        | Base::CpAsync
+        | Base::Vote
+        | Base::Redux => 3,
+        Base::Mad | Base::Fma | Base::Selp | Base::Prmt | Base::Shf | Base::Bfe | Base::Sad | Base::Mad24 | Base::Mma => 4,
+        Base::Shfl | Base::Bfi => 5,
+    }
+}

@@ -900,5 +900,9 @@ fn parse_instr(p: &mut P, cx: &mut FnCtx, ii: usize) -> Result<Instr, String> {
         let ai = args.len();
         args.push(parse_operand(p, cx, ii, ai)?);
     }
+    let need = crate::op::min_operands(&op);
+    if args.len() < need {
+        return Err(format!("line {line}: `{opname}` needs {need} operands, has {}", args.len()));
+    }
     Ok(Instr { op, guard, args, line })
 }

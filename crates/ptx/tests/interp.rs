@@ -297,6 +297,10 @@ fn faults_and_hangs_are_reported_in_one_line() {
     assert!(e.contains("deadlock"), "{e}");
     let e = one_thread("\twgmma.fence.sync.aligned;", regs).unwrap_err();
     assert!(e.contains("unsupported instruction `wgmma.fence.sync.aligned`"), "{e}");
+    // Inline assembly is not checked by NVRTC for a virtual architecture: malformed operands
+    // are refused, never a panic.
+    let e = one_thread("\tshfl.sync.bfly.b32 %rd2, %rd3;", regs).unwrap_err();
+    assert!(e.contains("needs 5 operands, has 2"), "{e}");
     let e = one_thread("\tbra NOWHERE;", regs).unwrap_err();
     assert!(e.contains("unknown label NOWHERE"), "{e}");
     assert!(!e.contains('\n'));
