@@ -339,6 +339,7 @@ fn task_file_mistakes_are_named_at_load_not_blamed_on_a_kernel() {
             "name = \"V EC; rm -rf /\"",
             "a tunable's name is an identifier",
         ),
+        ("name = \"rows_simd\"", "name = \"seed\"", "two kernels are named `seed`"),
     ];
     for (from, to, want) in cases {
         let d = tempfile::tempdir().unwrap();
@@ -354,4 +355,55 @@ fn task_file_mistakes_are_named_at_load_not_blamed_on_a_kernel() {
             .unwrap();
         one_line_error(&o, &["softmax/task.toml", want]);
     }
+}
+
+#[test]
+fn unusable_flags_and_settings_are_one_line_errors_before_any_run() {
+    let d = tempfile::tempdir().unwrap();
+    let store = d.path().join("s.db");
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["--time-budget", "300000000000years"], &["longer than a year"]),
+        (&["--run-timeout", "18446744073709551615s"], &["longer than a year"]),
+        (&["--mem-limit", "1KiB"], &["too small for a runner"]),
+        (&["--max-reps", "0"], &["a kernel is timed at least once"]),
+        (&["--patience", "0"], &["patience 0"]),
+        (
+            &[
+                "--planner",
+                "llm",
+                "--model",
+                "m",
+                "--base-url",
+                "https://u:pw@example.invalid/v1",
+            ],
+            &["carries credentials"],
+        ),
+        (
+            &[
+                "--planner",
+                "llm",
+                "--model",
+                "m",
+                "--base-url",
+                "https://example.invalid/v1?key=abc",
+            ],
+            &["carries a key in its query"],
+        ),
+    ];
+    for (extra, want) in cases {
+        let o = ks()
+            .arg("--store")
+            .arg(&store)
+            .args(["run", "softmax", "--backend", "cpu"])
+            .args(*extra)
+            .output()
+            .unwrap();
+        one_line_error(&o, want);
+    }
+    let o = ks().arg("--kb-dir").arg(d.path()).args(["kb", "profiles"]).output().unwrap();
+    one_line_error(&o, &["--kb-dir"]);
+    let o = ks().arg("--config").arg(d.path()).arg("runs").output().unwrap();
+    one_line_error(&o, &["not a regular file"]);
+    // Nothing was recorded for any of them.
+    assert!(!store.exists() || ksearch_store::Store::open(&store).unwrap().runs().unwrap().is_empty());
 }
