@@ -96,12 +96,13 @@ def test_flash_wgmma_builds_for_sm_90a_with_one_name_per_build(env, hd):
 
 @pytest.mark.parametrize("hd,lhd", [(64, 0), (96, 0), (128, 0), (128, 1)])
 def test_flash_ws_with_tensor_maps_built_on_the_device_compiles_for_sm_90a(env, hd, lhd):
-    # TMA=1: the maps are built in the kernel (tensormap.replace) and published to a module-scope
-    # slot, so the unit carries that global; a build of its own beside the cp.async one.
+    # TMA=1 (the default): the maps are built in the kernel (tensormap.replace) and published to a
+    # module-scope slot, so the unit carries that global; a build of its own beside the cp.async
+    # one (TMA=0).
     task, cand = candidate({"HD": hd, "QO_LHD": lhd, "TMA": 1}, kernel="flash_ws")
     unit = build(task, cand)
     assert unit.arch == "sm_90a" and unit.cubin[:4] == b"\x7fELF" and b"ks_tmaps" in unit.cubin
-    _, plain = candidate({"HD": hd, "QO_LHD": lhd}, kernel="flash_ws")
+    _, plain = candidate({"HD": hd, "QO_LHD": lhd, "TMA": 0}, kernel="flash_ws")
     plain_unit = build(task, plain)
     assert b"ks_tmaps" not in plain_unit.cubin
     assert plain_unit.names["attention"] != unit.names["attention"]
