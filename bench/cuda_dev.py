@@ -38,6 +38,7 @@ Environment:
   KS_TIME=1                         time (0: check only); KS_HELDOUT=0 drops the held-out suite
   KS_DEFS=X=1,...                   extra defines (debugging)
   KS_FIX=POLY=0|1,U=8               only configurations whose tunables of these names take these values
+                                    (alternatives separated by ";": a configuration matching any of them)
 """
 import hashlib, itertools, os, re, sys, glob, math, ctypes, time
 try:
@@ -202,7 +203,9 @@ def mlx_wrap(task, backend, kern, la, template, src):
 
 # ---------------------------------------------------------------- NVRTC (ctypes) and the CUBIN cache
 def nvrtc_lib():
-    cands = glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cu13", "lib", "libnvrtc.so.13"))
+    cands = [os.path.join(d, "libnvrtc.so.13") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    cands = [c for c in cands if os.path.exists(c)]
+    cands += glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cu13", "lib", "libnvrtc.so.13"))
     cands += glob.glob("/root/.pyenv/versions/*/lib/python*/site-packages/nvidia/cu13/lib/libnvrtc.so.13")
     cands += glob.glob("/usr/local/cuda/lib64/libnvrtc.so.13") + glob.glob("/usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so.13")
     if not cands:
@@ -312,7 +315,9 @@ def plan(tasks):
     limits = dict((a, int(b)) for a, b in (x.split("=") for x in mc.split(","))) if "=" in mc else {}
     seed_max = float(os.environ.get("KS_SEED_MAXFLOPS", "2e9"))
     dist = int(os.environ.get("KS_STRESS_DIST", "1"))
-    fix = {a: {int(v) for v in b.split("|")} for a, b in (x.split("=") for x in os.environ.get("KS_FIX", "").split(",") if x)}
+    # KS_FIX: alternatives separated by ";", a configuration kept when it matches any of them
+    fixes = [{a: {int(v) for v in b.split("|")} for a, b in (x.split("=") for x in alt.split(",") if x)}
+             for alt in os.environ.get("KS_FIX", "").split(";")]
     out = []
     for tn in tasks:
         task = load_task(tn)
@@ -332,7 +337,7 @@ def plan(tasks):
                             continue
                         if kern["name"] == "seed" and suite != "stress" and flops > seed_max:
                             continue
-                        near = [(d, c) for d, c in near_default(kern, wl) if all(c[k] in v for k, v in fix.items() if k in c)]
+                        near = [(d, c) for d, c in near_default(kern, wl) if any(all(c[k] in v for k, v in fix.items() if k in c) for fix in fixes)]
                         if not near:
                             continue
                         if suite == "stress":

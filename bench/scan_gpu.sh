@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/scan-gpu}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} KS_CUBIN_DIR=${KS_CUBIN_DIR:-$PWD/.scan-cubins}
-# FIX=NAME=a|b,... limits the sweep to those tunable values; CHECK_DIST, the stress configurations checked.
+# FIX=NAME=a|b,... limits the sweep to those tunable values (";" between alternatives); CHECK_FIX
+# does the same for the held-out and stress checks; CHECK_DIST, the stress configurations checked.
 # SKIP_MEMCHECK=1 skips compute-sanitizer. seg_scan's one-call comparison: bench/scan_seg_gpu.sh;
 # the MLX twin (pipe_scan as a whole CUDA unit) against this back-end: bench/scan_mlx.sh.
 SWEEP_KERNELS=${SWEEP_KERNELS:-pipe_scan}
@@ -26,7 +27,7 @@ KS_FIX=${FIX:-} KS_SUITES=anchor KS_KERNELS=$SWEEP_KERNELS,${OTHERS//=1/} KS_MAX
     python3 bench/cuda_dev.py $mode mamba_scan > "$OUTDIR/scan_anchor.log" 2>&1
 echo "anchor: exit $?"; grep -E "^prepare|peer ready|^==== checked|^FAILED" "$OUTDIR/scan_anchor.log"
 grep -A16 "==== summary" "$OUTDIR/scan_anchor.log" | grep -v chunked_scan; grep -A14 "^==== one configuration" "$OUTDIR/scan_anchor.log"
-KS_SUITES=heldout,stress KS_KERNELS=$SWEEP_KERNELS KS_MAXCFG=$CHECK_CFG KS_STRESS_DIST=${CHECK_DIST:-1} \
+KS_FIX=${CHECK_FIX:-} KS_SUITES=heldout,stress KS_KERNELS=$SWEEP_KERNELS KS_MAXCFG=$CHECK_CFG KS_STRESS_DIST=${CHECK_DIST:-1} \
     python3 bench/cuda_dev.py $mode mamba_scan > "$OUTDIR/scan_check.log" 2>&1
 echo "check: exit $?"; grep -A3 "^==== checked" "$OUTDIR/scan_check.log"; grep -A12 "==== summary" "$OUTDIR/scan_check.log"
 if [ $mode = run ] && [ "${SKIP_MEMCHECK:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then

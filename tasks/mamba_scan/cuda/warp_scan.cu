@@ -52,7 +52,11 @@
 // 50.4 us against 53.1. The kernel is bound by each warp's dependent chains, not by its instruction
 // count: P2 1 cuts 7% of the loop's instructions and runs 3% slower at MW 16, and splitting a
 // channel's chunk over two warps (a named-barrier handoff of the first warp's map) ran 68.5 us at
-// d_inner 1536 and was withdrawn.
+// d_inner 1536 and was withdrawn. So was splitting a channel's states over 2 or 4 warps (each warp's
+// partial y summed in shared memory; H200, 2026-12-05, bench/h200-2026-12-05-scan-ss.txt): twice the
+// warps per SM (28.5 against 14.7) issued less (55% of issue slots against 61%), their waits on
+// shuffle, shared-memory and MUFU results growing, and every configuration was at least 6% slower
+// than the defaults on every anchor shape.
 // The same file is the MLX twin (form = "cuda", -DKS_AXIS=int).
 #ifndef KS_AXIS
 #define KS_AXIS long long
