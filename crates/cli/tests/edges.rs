@@ -129,6 +129,30 @@ fn a_closed_pipe_ends_quietly() {
     }
 }
 
+#[test]
+fn a_run_whose_reader_went_away_still_runs_to_the_end() {
+    // `ksearch run … | head -0`: the run's lines go nowhere, its work is still done and kept.
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("s.db");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("ksearch"))
+        .current_dir(repo())
+        .arg("--store")
+        .arg(&s)
+        .args(["run", "softmax", "--backend", "cpu", "--rounds", "1", "--max-reps", "3"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    assert!(!err(&o).contains("panicked"), "{}", err(&o));
+    let st = ksearch_store::Store::open_read_only(&s).unwrap();
+    let run = st.run(1).unwrap();
+    assert_eq!(run.status, "done", "{run:?}");
+    assert!(run.best_speedup.is_some(), "{run:?}");
+}
+
 /// Copy a folder tree (a task and its kernels).
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -406,4 +430,49 @@ fn unusable_flags_and_settings_are_one_line_errors_before_any_run() {
     one_line_error(&o, &["not a regular file"]);
     // Nothing was recorded for any of them.
     assert!(!store.exists() || ksearch_store::Store::open(&store).unwrap().runs().unwrap().is_empty());
+}
+
+#[test]
+fn task_and_source_files_that_cannot_be_read_are_named_not_skipped_or_read_forever() {
+    let d = tempfile::tempdir().unwrap();
+    let tasks = d.path().join("tasks");
+    copy_dir(&repo().join("tasks/softmax"), &tasks.join("softmax"));
+    // A task.toml that is a folder, and one that is a link to itself.
+    std::fs::create_dir_all(tasks.join("folder/task.toml")).unwrap();
+    std::fs::create_dir_all(tasks.join("looped")).unwrap();
+    std::os::unix::fs::symlink("task.toml", tasks.join("looped/task.toml")).unwrap();
+    // A folder without a task.toml is not a task and not an error.
+    std::fs::create_dir_all(tasks.join("notes")).unwrap();
+
+    let o = ks().arg("--tasks-dir").arg(&tasks).arg("tasks").output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}{}", out(&o), err(&o));
+    assert!(out(&o).starts_with("softmax"), "the good task is still listed: {}", out(&o));
+    let e = err(&o);
+    assert_eq!(e.trim().lines().count(), 2, "one line per broken task: {e}");
+    assert!(e.contains("folder/task.toml: not a regular file"), "{e}");
+    assert!(e.contains("looped/task.toml") && e.contains("symbolic links"), "{e}");
+    assert!(!e.contains("notes"), "{e}");
+
+    let s = d.path().join("s.db");
+    let o = ks()
+        .arg("--tasks-dir")
+        .arg(&tasks)
+        .arg("--store")
+        .arg(&s)
+        .args(["run", "looped", "--rounds", "1"])
+        .output()
+        .unwrap();
+    one_line_error(&o, &["looped/task.toml", "symbolic links"]);
+
+    // Sources are read only from regular files of at most 8 MiB.
+    let big = d.path().join("big.cpp");
+    std::fs::File::create(&big).unwrap().set_len(9 << 20).unwrap();
+    for (file, why) in [
+        ("/dev/zero", "not a regular file"),
+        (big.to_str().unwrap(), "larger than 8 MiB"),
+    ] {
+        let o = ks().arg("--store").arg(&s).args(["bench", "softmax", file]).output().unwrap();
+        one_line_error(&o, &[file, why]);
+    }
+    assert!(!s.exists(), "nothing recorded");
 }

@@ -239,6 +239,48 @@ fn the_report_of_a_cpu_run_shows_every_node_follows_the_run_and_works_in_a_brows
     assert!(html.contains(&figure), "header lacks `{figure}`");
     assert!(html.contains("none (offline planner)"), "offline runs have no LLM calls");
 
+    // A symbolic link or a named pipe at the output path is written through, never replaced.
+    let target = d.path().join("target.html");
+    std::fs::write(&target, "old").unwrap();
+    let link = out.join("link.html");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let o = ks(&s).args(["report", "1", "-o", link.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(),
+        "the link was replaced"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        again,
+        "the page went through the link"
+    );
+    let fifo = d.path().join("pipe");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|st| st.success()) {
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read_to_string(fifo).unwrap())
+        };
+        let o = ks(&s).args(["report", "1", "-o", fifo.to_str().unwrap()]).output().unwrap();
+        if !o.status.success() {
+            let _ = std::fs::write(&fifo, ""); // the reader is not left waiting
+        }
+        assert!(o.status.success(), "{}", stderr(&o));
+        let t0 = Instant::now();
+        while !reader.is_finished() {
+            // A pipe replaced by a file would leave the reader waiting for ever.
+            assert!(t0.elapsed() < Duration::from_secs(60), "nothing came through the pipe");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(reader.join().unwrap(), again, "the page went through the pipe");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(
+            std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(),
+            "the pipe was replaced"
+        );
+    }
+
     browser_check(&page, nodes.len(), evals.len(), None);
 }
 

@@ -606,9 +606,11 @@ mod tests {
         unsafe {
             std::env::set_var("ZZ_CANARY_TOKEN", "sk-canary-secret-value-1234");
             std::env::set_var("ZZ_UNLISTED_SETTING", "unlistedvalue123456");
+            // A configured key variable whose name the allow-list would pass, and a plain one.
+            std::env::set_var("KSEARCH_ZZ_LLM", "sk-configured-Value-0987654321");
+            std::env::set_var("KSEARCH_ZZ_PLAIN", "plain");
         }
-        let script =
-            r#"printf '{"reply":"hello","backend":"t","device":"%s","pid":1,"version":"0"}\n' "$(env | grep -c ZZ_)"; read x"#;
+        let script = r#"printf '{"reply":"hello","backend":"t","device":"%s,%s","pid":1,"version":"0"}\n' "$(env | grep -v KSEARCH_ZZ_PLAIN | grep -c ZZ_)" "$(env | grep -c KSEARCH_ZZ_PLAIN=plain)"; read x"#;
         let mut s = Supervisor::new(
             WorkerSpec {
                 program: "/bin/sh".into(),
@@ -617,7 +619,12 @@ mod tests {
             },
             Limits::default(),
         );
-        assert_eq!(s.start().unwrap(), "0", "variables outside the allow-list reached the worker");
+        s.scrub_also(&["KSEARCH_ZZ_LLM".to_string()]);
+        assert_eq!(
+            s.start().unwrap(),
+            "0,1",
+            "variables outside the allow-list, or holding a configured key, reached the worker (or the plain one did not)"
+        );
         // And what comes back is scrubbed of them.
         let r = EvalReply::failed(
             1,

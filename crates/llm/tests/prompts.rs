@@ -460,3 +460,30 @@ fn trim_blocks_semantics() {
     );
     assert_eq!(trim_blocks("{# note #}\nx {{ y }}\n"), "{# note #}x {{ y }}\n");
 }
+
+#[test]
+fn a_planner_reply_puts_a_bounded_amount_into_the_tree() {
+    // 40 actions, one with an 10 000-character title and a 100 000-character description.
+    let mut actions: Vec<Value> = (0..40)
+        .map(|i| json!({"title": format!("action {i}"), "description": "d", "overall": 5}))
+        .collect();
+    actions[0] = json!({"title": "t".repeat(10_000), "description": "x".repeat(100_000)});
+    let init = PlannerInit::from_value(&json!({"classification": "memory-bound", "actions": actions})).unwrap();
+    assert_eq!(init.actions.len(), 12, "at most 12 actions a reply");
+    assert_eq!(init.actions[0].title.chars().count(), 160);
+    assert_eq!(init.actions[0].description.chars().count(), 4000);
+    assert_eq!(init.actions[11].title, "action 11");
+
+    // 30 ops: the first 24 are taken, the rest named as rejected; a split into 20 keeps 12.
+    let mut ops: Vec<Value> = (0..30)
+        .map(|i| json!({"op": "insert", "parent": 1, "title": format!("op {i}")}))
+        .collect();
+    let children: Vec<Value> = (0..20).map(|i| json!({"title": format!("child {i}")})).collect();
+    ops[1] = json!({"op": "split", "node": 2, "actions": children});
+    let u = PlannerUpdate::from_value(&json!({"analysis": "a", "ops": ops})).unwrap();
+    assert_eq!(u.ops.len(), 24, "at most 24 ops a reply");
+    assert!(matches!(&u.ops[1], TreeOp::Split { node: 2, into } if into.len() == 12));
+    assert!(matches!(&u.ops[23], TreeOp::Insert { action, .. } if action.title == "op 23"));
+    assert_eq!(u.rejected.len(), 1, "{:?}", u.rejected);
+    assert!(u.rejected[0].contains("24 to 29"), "{:?}", u.rejected);
+}
