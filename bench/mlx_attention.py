@@ -239,6 +239,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default="default;MBAR=0;BLOCK_N=64;BLOCK_N=64,STAGES=4;NWG=1",
                     help="tunable variants tried at the main shape, `;`-separated")
+    ap.add_argument("--shape-variants", default="",
+                    help="variants (`;`-separated) also run on every shape, and through the judge, beside the fastest")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--module", default=None, help="a module written by `ksearch export --mlx` to check too")
     ap.add_argument("--module-only", action="store_true", help="check and time only --module, at the main shape")
@@ -286,28 +288,35 @@ def main():
         kinds[(w["B"], w["H"], w["Hkv"], w["L"], w["D"], w["causal"])] = "search"
     for w in b["heldout"]:
         kinds[(w["B"], w["H"], w["Hkv"], w["L"], w["D"], w["causal"])] = "heldout"
+    # The fastest at the main shape, then each --shape-variants one not the same.
+    per_shape = [best] + [d for d in (parse_variants(a.shape_variants) if a.shape_variants else []) if d != best]
     cases = {}
     for s in [] if a.module_only else shapes:
         key = s[:5]
         if key not in cases:
             cases[key] = main_case if key == MAIN else Case(*key)
         case = cases[key]
-        try:
-            fn = kernel_fn(task, k, source, best, case, s[5], cache)
-            row = run_case(case, s[5], fn, a.reps, label_of(best))
-        except Exception:
-            row = {"label": label_of(best), "shape": list(key), "causal": bool(s[5]), "ok": False,
-                   "error": traceback.format_exc()[-1500:]}
-            log(f"{key} causal={s[5]}: {row['error'][-400:]}")
-        row["kind"] = "main" if key == MAIN else kinds.get(s, "")
-        res["shapes"].append(row)
+        for d in per_shape:
+            try:
+                fn = kernel_fn(task, k, source, d, case, s[5], cache)
+                row = run_case(case, s[5], fn, a.reps, label_of(d))
+            except Exception:
+                row = {"label": label_of(d), "shape": list(key), "causal": bool(s[5]), "ok": False,
+                       "error": traceback.format_exc()[-1500:]}
+                log(f"{key} causal={s[5]}: {row['error'][-400:]}")
+            row["kind"] = "main" if key == MAIN else kinds.get(s, "")
+            res["shapes"].append(row)
 
     res["judge"] = []
     if not a.module_only and not a.no_judge:
-        try:
-            res["judge"] = judge(task, k, source, best, [s for s in shapes if kinds.get(s) or s[:5] == MAIN])
-        except Exception:
-            log("judge: " + traceback.format_exc()[-1500:])
+        for d in per_shape:
+            try:
+                rows = judge(task, k, source, d, [s for s in shapes if kinds.get(s) or s[:5] == MAIN])
+                for r in rows:
+                    r["label"] = label_of(d)
+                res["judge"] += rows
+            except Exception:
+                log("judge: " + traceback.format_exc()[-1500:])
 
     if a.module:
         import importlib.util
@@ -342,7 +351,7 @@ def main():
         lines.append("-- through the MLX worker (the judge; median of its timed calls, us) --")
         for r in res["judge"]:
             f = r.get("failure")
-            lines.append(f"{'judge ' + res['best_variant']:<34} {','.join(map(str, r['shape'])):<26} "
+            lines.append(f"{'judge ' + r.get('label', res['best_variant']):<34} {','.join(map(str, r['shape'])):<26} "
                          + (f"FAILED {f.get('class')}: {str(f.get('message'))[:150]}" if f else
                             f"kernel {r['kernel_us']:.1f} us  SDPA {r['sdpa_us']:.1f} us  ratio {r.get('ratio', 0):.3f}"))
     table = "\n".join(lines)

@@ -14,7 +14,8 @@
 #   call 1, carry [".mlx-a"]:          mkdir -p /tmp/mlx && cp .mlx-a/* /tmp/mlx/
 #   call 2, carry [".mlx-b", ".gpu"]:  bash bench/mlx_attention.sh
 # Environment: ATT_BUDGET=150s ATT_ROUNDS=3 (the search; ATT_BUDGET=0 skips it), SKIP_BENCH=1, SKIP_RUST_BENCH=1,
-#              VARIANTS="default;MBAR=0;..." (bench/mlx_attention.py --variants), KSEARCH=.gpu/ksearch
+#              VARIANTS="default;MBAR=0;..." (bench/mlx_attention.py --variants), SHAPE_VARIANTS="..." (every
+#              shape and the judge also with these; --shape-variants), BENCH_TIMEOUT=300, KSEARCH=.gpu/ksearch
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -41,7 +42,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     say "bench/mlx_attention.py"
-    timeout 300 python3 bench/mlx_attention.py ${VARIANTS:+--variants "$VARIANTS"} > "$OUTDIR/bench.log" 2>&1
+    timeout ${BENCH_TIMEOUT:-300} python3 bench/mlx_attention.py ${VARIANTS:+--variants "$VARIANTS"} \
+        ${SHAPE_VARIANTS:+--shape-variants "$SHAPE_VARIANTS"} > "$OUTDIR/bench.log" 2>&1
     say "bench: exit $? (log bench.log)"
 fi
 

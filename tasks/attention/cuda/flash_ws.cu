@@ -24,8 +24,8 @@
 // SM count every SM keeps one block for the whole call and the producer loads the next item's Q
 // and K/V tiles while the consumers finish the last tiles of this one and store its output (Q's
 // buffer is handed back by an mbarrier once both consumers' last S products have completed).
-// Tunables: HD (== D), BLOCK_N (keys per tile: 64 or 128), STAGES (K/V buffers: 2-4, as shared
-// memory allows), PP (ping-pong: 0 or 1), CTAS (blocks: the GPU's SM count, 132 on an H100/H200
+// Tunables: HD (== D), BLOCK_N (keys per tile: 64, 128, 160 or 176), STAGES (K/V buffers: 2-4, as
+// shared memory allows), KVS (K and V of a stage released apart), PP (ping-pong: 0 or 1), CTAS (blocks: the GPU's SM count, 132 on an H100/H200
 // SXM; a value above the items gives one item per block, the launch of the kernel before it was
 // persistent); PREG / CREG (registers of producer / consumers) are fixed (48 / 224: no spills at
 // any tunable; ptxas allocates each role's branch within its setmaxnreg).
@@ -60,6 +60,15 @@
 // writes). A block takes its slot from a ring of 1024 by an atomic ticket, so two blocks share one
 // only if 1024 blocks of the build start during one's life: at one block per SM (its shared
 // memory), at most 132 run at once on an H200, whatever the launches and streams.
+// BLOCK_N 160 / 176 and KVS=1 (H200, 2026-12-05, bench/h200-2026-12-05-attention-blockn.txt; correct on
+// the stress suite with TMA and cp.async loads): at HD 128 shared memory holds only 2 stages of such tiles,
+// and with a stage's K and V freed together after its PV product the consumers starved (543 us at
+// 4,32,2048,128 against 449). KVS=1 gives K and V their own full / empty barriers: K is freed once the
+// S products have read it and reloaded a tile before the stage's V is free (474 us), but the second
+// barrier per tile costs the defaults 3%, and no wider tile beats BLOCK_N 128 with 3 stages at the anchor
+// shapes. On short ragged shapes the wide tiles cut the tile count (513 keys: 3 tiles of 176, 5 of 128):
+// 5,16,1,513,128 runs 43.6 us with 176 / 2 stages / KVS (1.06x cuDNN; 50.0 at the defaults), 3,32,32,777,64
+// 61.2 with 160 (1.10x; 65.8).
 // RS=1 (not a tunable: correct on the H200, 2026-12-05, but no faster than without it): a warp moves its rows' running maxima only
 // where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
 // Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread
@@ -86,6 +95,12 @@
 #ifndef RS
 #define RS 0
 #endif
+#ifndef KVS
+#define KVS 0
+#endif
+#if KVS != 0 && KVS != 1
+#error "KVS must be 0 or 1"
+#endif
 #ifndef PREG
 #define PREG 48
 #endif
@@ -109,8 +124,8 @@
 #if STAGES < 2
 #error "STAGES must be at least 2"
 #endif
-#if (BLOCK_N != 64 && BLOCK_N != 128) || (HD != 64 && HD != 96 && HD != 128)
-#error "BLOCK_N must be 64 or 128, HD 64, 96 or 128"
+#if (BLOCK_N != 64 && BLOCK_N != 128 && BLOCK_N != 160 && BLOCK_N != 176) || (HD != 64 && HD != 96 && HD != 128)
+#error "BLOCK_N must be 64, 128, 160 or 176, HD 64, 96 or 128"
 #endif
 
 // The axes' type: `long long` for the CUDA back-end's ABI; MLX passes integer scalars as 32-bit
@@ -282,6 +297,18 @@ __device__ __forceinline__ void wgmma_ss_n128(float* d, unsigned long long da, u
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(sd));
 }
+__device__ __forceinline__ void wgmma_ss_n160(float* d, unsigned long long da, unsigned long long db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, %80, %81, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+                 : "l"(da), "l"(db), "r"(sd));
+}
+__device__ __forceinline__ void wgmma_ss_n176(float* d, unsigned long long da, unsigned long long db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+                 : "l"(da), "l"(db), "r"(sd));
+}
 
 __device__ __forceinline__ void wgmma_rs_n64_tb(float* d, const unsigned* a, unsigned long long db) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -311,7 +338,11 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 #define V_KSTEP(kk) ((kk) * 2048)
 #define Q_WG(c) ((c) * 64 * 128)
 
-#if BLOCK_N == 128
+#if BLOCK_N == 176
+#define WGMMA_S wgmma_ss_n176
+#elif BLOCK_N == 160
+#define WGMMA_S wgmma_ss_n160
+#elif BLOCK_N == 128
 #define WGMMA_S wgmma_ss_n128
 #else
 #define WGMMA_S wgmma_ss_n64
@@ -355,8 +386,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     // an item's first tile covers its Q too); empty[s] at sBar + 8 (STAGES + s): every consumer warp
     // is done reading the stage (8); qempty at sBar + 16 STAGES: every consumer warp's last S product
     // of the item has completed, so Q may be overwritten (8).
+    // KVS=1: K and V of a stage have barriers of their own (full / empty at sBar + 8s / + 8 (STAGES + s)
+    // for K, the same from sBV on for V), so a stage's K is reloaded once the S products have read
+    // it, a tile before its V is free.
     const unsigned sBar = sKV + 2 * STAGES * TILE_BYTES;
     const unsigned sQe = sBar + 16 * STAGES;
+    const unsigned sBV = sQe + 8;
+    // Barriers of tile T's K (or K and V) and of its V.
+    auto fullK = [&](int T) { return sBar + 8 * (T % STAGES); };
+    auto emptyK = [&](int T) { return sBar + 8 * (STAGES + T % STAGES); };
+    auto fullV = [&](int T) { return KVS ? sBV + 8 * (T % STAGES) : fullK(T); };
+    auto emptyV = [&](int T) { return KVS ? sBV + 8 * (STAGES + T % STAGES) : emptyK(T); };
     const int tid = threadIdx.x, wg = tid >> 7;
     const int Ln = (int)L, Hn = (int)H, grp = (int)(H / Hkv), cz = causal ? 1 : 0;
     const int nM = (Ln + BLOCK_M - 1) / BLOCK_M;
@@ -371,6 +411,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         for (int st = 0; st < STAGES; st++) {
             mbar_init(sBar + 8 * st, TMA ? 1 : PT);
             mbar_init(sBar + 8 * (STAGES + st), 4 * NWG);
+            if (KVS) {
+                mbar_init(sBV + 8 * st, TMA ? 1 : PT);
+                mbar_init(sBV + 8 * (STAGES + st), 4 * NWG);
+            }
         }
         mbar_init(sQe, 4 * NWG);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -382,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         setmaxnreg_dec<PREG>();
 #if TMA
         if (tid >= 32) return;  // one warp builds the maps, one thread issues the copies
-        const unsigned sTm = sBar + 128;  // the three maps' shared copies, 128 bytes each
+        const unsigned sTm = sBar + 256;  // the three maps' shared copies, 128 bytes each
         unsigned slot = 0;
         if (tid == 0) slot = (unsigned)(atomicAdd(&ks_tm_ticket, 1ull) % TM_SLOTS);  // lands while the maps are built
         // Zero the three maps (384 bytes) before any field is set.
@@ -450,13 +494,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
 #pragma unroll 1
                 for (int t = 0; t < nt; t++, T++) {
                     const int st = T % STAGES;
-                    if (T >= STAGES) mbar_wait(sBar + 8 * (STAGES + st), (T / STAGES - 1) & 1);
+                    const unsigned ph = (T / STAGES - 1) & 1;  // the phase of the stage's previous tile
+                    if (T >= STAGES) mbar_wait(emptyK(T), ph);
                     const unsigned dst = sKV + 2 * st * TILE_BYTES;
 #if TMA
                     // Every box lands whole (out-of-bounds elements as zeros), so the bytes are
                     // fixed; Q's boxes complete the full barrier of the item's first tile too.
-                    const unsigned fb = sBar + 8 * st;
-                    mbar_expect_tx(fb, 2 * TILE_BYTES + (t == 0 ? Q_BYTES : 0));
+                    const unsigned fb = fullK(T), fv = fullV(T);
+                    mbar_expect_tx(fb, (KVS ? 1 : 2) * TILE_BYTES + (t == 0 ? Q_BYTES : 0));
                     if (t == 0) {
 #pragma unroll
                         for (int jb = 0; jb < HDP / 64; jb++) {
@@ -468,21 +513,26 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                         }
                     }
 #pragma unroll
-                    for (int jb = 0; jb < HDP / 64; jb++) {
-                        tma3(dst + jb * BLOCK_N * 128, gTm + 128, 64 * jb, t * BLOCK_N, (int)kvh, fb);
-                        tma3(dst + TILE_BYTES + jb * BLOCK_N * 128, gTm + 256, 64 * jb, t * BLOCK_N, (int)kvh, fb);
+                    for (int jb = 0; jb < HDP / 64; jb++) tma3(dst + jb * BLOCK_N * 128, gTm + 128, 64 * jb, t * BLOCK_N, (int)kvh, fb);
+                    if (KVS) {
+                        if (T >= STAGES) mbar_wait(emptyV(T), ph);
+                        mbar_expect_tx(fv, TILE_BYTES);
                     }
+#pragma unroll
+                    for (int jb = 0; jb < HDP / 64; jb++)
+                        tma3(dst + TILE_BYTES + jb * BLOCK_N * 128, gTm + 256, 64 * jb, t * BLOCK_N, (int)kvh, fv);
 #else
                     const long long off = (long long)t * BLOCK_N * HD;
                     const int kv = min(BLOCK_N, Ln - t * BLOCK_N);
-                    if (kv == BLOCK_N) {
-                        load_tile<BLOCK_N, true>(dst, Kg + off, kv, tid);
-                        load_tile<BLOCK_N, true>(dst + TILE_BYTES, Vg + off, kv, tid);
-                    } else {
-                        load_tile<BLOCK_N, false>(dst, Kg + off, kv, tid);
-                        load_tile<BLOCK_N, false>(dst + TILE_BYTES, Vg + off, kv, tid);
+                    if (kv == BLOCK_N) load_tile<BLOCK_N, true>(dst, Kg + off, kv, tid);
+                    else load_tile<BLOCK_N, false>(dst, Kg + off, kv, tid);
+                    if (KVS) {
+                        mbar_arrive_cp(fullK(T));  // arrives once this thread's copies so far have landed
+                        if (T >= STAGES) mbar_wait(emptyV(T), ph);
                     }
-                    mbar_arrive_cp(sBar + 8 * st);  // arrives once this thread's copies so far have landed
+                    if (kv == BLOCK_N) load_tile<BLOCK_N, true>(dst + TILE_BYTES, Vg + off, kv, tid);
+                    else load_tile<BLOCK_N, false>(dst + TILE_BYTES, Vg + off, kv, tid);
+                    mbar_arrive_cp(fullV(T));
 #endif
                 }
             }
@@ -507,12 +557,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
 
         // Tile T (counted over the block's items) has landed in its stage.
         auto wait_tile = [&](int T) {
-            mbar_wait(sBar + 8 * (T % STAGES), (T / STAGES) & 1);
+            mbar_wait(fullK(T), (T / STAGES) & 1);
             if (!TMA) fence_proxy_async();  // cp.async writes are the generic proxy's; TMA's the async proxy's
         };
-        // This warp is done with the stage of tile T.
+        // Tile T's V has landed (KVS; otherwise it came with K).
+        auto wait_v = [&](int T) {
+            if (KVS) {
+                mbar_wait(fullV(T), (T / STAGES) & 1);
+                if (!TMA) fence_proxy_async();
+            }
+        };
+        // This warp's S product of tile T has completed: its K may be overwritten (KVS).
+        auto release_k = [&](int T) {
+            if (KVS && lane == 0) mbar_arrive(emptyK(T));
+        };
+        // This warp is done with tile T (its PV product has completed).
         auto release = [&](int T) {
-            if (lane == 0) mbar_arrive(sBar + 8 * (STAGES + T % STAGES));
+            if (lane == 0) mbar_arrive(emptyV(T));
         };
         // Ping-pong: warpgroup c issues its products only on its turn (barrier 1 + c), then hands
         // the turn to the other one (barrier 2 - c). Every issue point of both warpgroups is
@@ -636,12 +697,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                 turn_end(false);
                 wg_wait<0>();
                 pin<BLOCK_N / 2>(s);
+                release_k(T0);
                 if (nt == 1) release_q();
                 softmax(0);
                 pack_p();
 #pragma unroll 1
                 for (int t = 1; t < nt; t++) {
                     wait_tile(T0 + t);
+                    wait_v(T0 + t - 1);
                     pin<HDP / 2>(oacc);
                     pin<BLOCK_N / 4>(pprev);
                     turn_begin();
@@ -651,6 +714,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                     turn_end(false);
                     wg_wait<1>();  // S has landed
                     pin<BLOCK_N / 2>(s);
+                    release_k(T0 + t);
                     if (t == nt - 1) release_q();
                     softmax(t);
                     wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc
@@ -667,6 +731,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                     }
                     pack_p();
                 }
+                wait_v(T0 + nt - 1);
                 pin<HDP / 2>(oacc);
                 pin<BLOCK_N / 4>(pprev);
                 turn_begin();
