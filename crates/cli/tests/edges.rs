@@ -145,12 +145,18 @@ fn a_run_whose_reader_went_away_still_runs_to_the_end() {
         .unwrap();
     drop(child.stdout.take());
     let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
-    assert!(!err(&o).contains("panicked"), "{}", err(&o));
+    // 0 with a result, 1 where the search validated none (a one-round search on a noisy machine may
+    // not): either way the run ended as it would have with a reader, not with a broken pipe.
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{:?}: {}", o.status, err(&o));
+    assert!(
+        !err(&o).contains("panicked") && !err(&o).contains("Broken pipe"),
+        "{}",
+        err(&o)
+    );
     let st = ksearch_store::Store::open_read_only(&s).unwrap();
     let run = st.run(1).unwrap();
-    assert_eq!(run.status, "done", "{run:?}");
-    assert!(run.best_speedup.is_some(), "{run:?}");
+    assert!(run.status == "done" || run.status == "done_no_result", "{run:?}");
+    assert!(run.stop_reason.is_some(), "{run:?}");
 }
 
 /// Copy a folder tree (a task and its kernels).
