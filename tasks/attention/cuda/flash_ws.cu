@@ -68,7 +68,9 @@
 // barrier per tile costs the defaults 3%, and no wider tile beats BLOCK_N 128 with 3 stages at the anchor
 // shapes. On short ragged shapes the wide tiles cut the tile count (513 keys: 3 tiles of 176, 5 of 128):
 // 5,16,1,513,128 runs 43.6 us with 176 / 2 stages / KVS (1.06x cuDNN; 50.0 at the defaults), 3,32,32,777,64
-// 61.2 with 160 (1.10x; 65.8).
+// 61.2 with 160 (1.10x; 65.8). Inside MLX, through the MLX worker's judge, the same two shapes go from
+// 0.93x / 0.98x of mx.fast.scaled_dot_product_attention to 1.09x / 1.10x
+// (bench/h200-2026-12-05-mlx-attention-blockn.txt).
 // RS=1 (not a tunable: correct on the H200, 2026-12-05, but no faster than without it): a warp moves its rows' running maxima only
 // where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
 // Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread
