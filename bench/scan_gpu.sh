@@ -15,7 +15,8 @@ OUTDIR=${OUT:-/tmp/scan-gpu}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} KS_CUBIN_DIR=${KS_CUBIN_DIR:-$PWD/.scan-cubins}
 # FIX=NAME=a|b,... limits the sweep to those tunable values (";" between alternatives); CHECK_FIX
-# does the same for the held-out and stress checks; CHECK_DIST, the stress configurations checked.
+# does the same for the held-out and stress checks, MEMCHECK_FIX for compute-sanitizer's run (the
+# defaults otherwise); CHECK_DIST, the stress configurations checked.
 # SKIP_MEMCHECK=1 skips compute-sanitizer. seg_scan's one-call comparison: bench/scan_seg_gpu.sh;
 # the MLX twin (pipe_scan as a whole CUDA unit) against this back-end: bench/scan_mlx.sh.
 SWEEP_KERNELS=${SWEEP_KERNELS:-pipe_scan}
@@ -32,6 +33,6 @@ KS_FIX=${CHECK_FIX:-} KS_SUITES=heldout,stress KS_KERNELS=$SWEEP_KERNELS KS_MAXC
 echo "check: exit $?"; grep -A3 "^==== checked" "$OUTDIR/scan_check.log"; grep -A12 "==== summary" "$OUTDIR/scan_check.log"
 if [ $mode = run ] && [ "${SKIP_MEMCHECK:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
     KS_SUITES=stress KS_TIME=0 KS_STRESS_DIST=0 KS_KERNELS=$SWEEP_KERNELS \
-        compute-sanitizer --tool memcheck python3 bench/cuda_dev.py run mamba_scan > "$OUTDIR/scan_memcheck.log" 2>&1
+        KS_FIX=${MEMCHECK_FIX:-} compute-sanitizer --tool memcheck python3 bench/cuda_dev.py run mamba_scan > "$OUTDIR/scan_memcheck.log" 2>&1
     echo "memcheck: exit $?"; grep -E "ERROR SUMMARY|^==== checked" "$OUTDIR/scan_memcheck.log" | tail -n 3
 fi

@@ -56,7 +56,11 @@
 // partial y summed in shared memory; H200, 2026-12-05, bench/h200-2026-12-05-scan-ss.txt): twice the
 // warps per SM (28.5 against 14.7) issued less (55% of issue slots against 61%), their waits on
 // shuffle, shared-memory and MUFU results growing, and every configuration was at least 6% slower
-// than the defaults on every anchor shape.
+// than the defaults on every anchor shape. Shuffles alone do not bind it either: scanning the lanes'
+// maps through shared memory instead (each lane composing a segment of SP lanes' maps, a few shuffle
+// rounds over the segments: 32 shuffles per chunk and warp instead of 192, a few more shared loads and
+// stores, Cm read again for the second pass) was correct and 8-18% slower than the best configuration
+// without it on every anchor shape (H200, 2026-12-05, bench/h200-2026-12-05-scan-xs.txt); withdrawn too.
 // The same file is the MLX twin (form = "cuda", -DKS_AXIS=int).
 #ifndef KS_AXIS
 #define KS_AXIS long long
