@@ -427,12 +427,16 @@ fn check_whole(store: &Path, rounds: u32) {
         *search.entry(e.node_id).or_default() += 1;
     }
     assert!(search.values().all(|n| *n == 1), "a node measured twice: {search:?}");
-    // One finish's rows: each candidate re-timed at most twice (a noisy pair is taken again).
+    // One finish's rows: each candidate validated on the held-out workloads once, beside the seed
+    // (timed again for every candidate tried: one whose held-out check fails gives way to the next).
+    let seed = evals.iter().find(|e| e.purpose == "seed").map(|e| e.node_id);
     let mut finals: std::collections::BTreeMap<Option<i64>, usize> = Default::default();
     for e in evals.iter().filter(|e| e.purpose == "heldout") {
         *finals.entry(e.node_id).or_default() += 1;
     }
+    let seed_rows = seed.and_then(|id| finals.remove(&id)).unwrap_or(0);
     assert!(finals.values().all(|n| *n == 1), "held-out rows of two finishes: {finals:?}");
+    assert_eq!(seed_rows, finals.len(), "one seed row per candidate tried: {finals:?}");
     assert!(
         nodes.iter().all(|n| n.status != ksearch_core::tree::NodeStatus::Running),
         "a node left running"
