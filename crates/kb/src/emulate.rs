@@ -319,6 +319,12 @@ pub fn emulate_cuda_kernel(
         };
         let args = args_of(l)?;
         ksearch_ptx::run(&module, &launch, &args, &mut bufs, &lim).map_err(|mut e| {
+            // A thread reached an instruction outside the interpreted subset: a limit of the
+            // interpreter on this path (`PTX: line N ...`, as a refusal at load reads), not a fault.
+            if let Some(i) = e.find("unsupported instruction `") {
+                let at = e[..i].find("line ").unwrap_or(i);
+                return format!("PTX: {}", &e[at..]);
+            }
             // Buffers by their tensors' names.
             for (i, b) in run.buffers.iter().enumerate().rev() {
                 e = e.replace(&format!("of buffer {i},"), &format!("of `{}`,", b.name));

@@ -984,6 +984,11 @@ impl Grid<'_> {
                 return Ok(());
             }
             Base::Nop => {}
+            Base::Unsupported => {
+                return Err(crate::op::decode_op(&op.name)
+                    .err()
+                    .unwrap_or_else(|| format!("unsupported instruction `{}`", op.name)));
+            }
             Base::Bar => {
                 let id = self.read(t, arg(0)?, Ty::U32, None)? as u32;
                 if id >= 16 {

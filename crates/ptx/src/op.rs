@@ -146,6 +146,10 @@ pub enum Base {
     Mul24,
     Mad24,
     Sad,
+    /// An instruction outside the interpreted subset (wgmma, TMA, mbarrier, `call`, ...): parsed
+    /// past, refused when a thread reaches it, so a kernel whose other branches use such
+    /// instructions still runs the branches that do not.
+    Unsupported,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,6 +339,25 @@ fn harmless(s: &str) -> bool {
 }
 
 /// Decode `base.mod.mod...`.
+/// An instruction outside the interpreted subset, named as written; `decode_op(name)` says why.
+pub fn unsupported(name: &str) -> Op {
+    Op {
+        base: Base::Unsupported,
+        ty: Ty::None,
+        ty2: Ty::None,
+        tys: Vec::new(),
+        cmp: Cmp::None,
+        rnd: Rnd::Default,
+        space: Space::Generic,
+        vec: 1,
+        mode: mode::NONE,
+        bop: mode::NONE,
+        flags: 0,
+        shape: [0; 3],
+        name: name.to_string(),
+    }
+}
+
 pub fn decode_op(name: &str) -> Result<Op, String> {
     let mut parts = name.split('.');
     let b = parts.next().unwrap_or("");
@@ -547,7 +570,7 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
 /// checking).
 pub fn min_operands(op: &Op) -> usize {
     match op.base {
-        Base::Ret | Base::Exit | Base::Nop | Base::CpAsyncCommit | Base::CpAsyncWaitAll => 0,
+        Base::Ret | Base::Exit | Base::Nop | Base::CpAsyncCommit | Base::CpAsyncWaitAll | Base::Unsupported => 0,
         Base::Bra | Base::Bar | Base::BarWarp | Base::CpAsyncWait | Base::Activemask => 1,
         Base::Mov | Base::Ld | Base::St | Base::Cvta | Base::Ldmatrix | Base::Red => 2,
         Base::Cvt if matches!(op.ty, Ty::F16x2 | Ty::BF16x2) => 3,

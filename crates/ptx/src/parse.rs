@@ -887,7 +887,20 @@ fn parse_instr(p: &mut P, cx: &mut FnCtx, ii: usize) -> Result<Instr, String> {
         guard = Some((r, neg));
     }
     let opname = p.word()?;
-    let op = decode_op(&opname).map_err(|e| format!("line {line}: {e}"))?;
+    let Ok(op) = decode_op(&opname) else {
+        // Outside the interpreted subset: skipped to its `;`, refused only if a thread reaches it.
+        while !p.eat_p(';') {
+            if p.next().is_none() {
+                return Err(format!("line {line}: `{opname}` is not terminated"));
+            }
+        }
+        return Ok(Instr {
+            op: crate::op::unsupported(&opname),
+            guard,
+            args: Vec::new(),
+            line,
+        });
+    };
     let mut args = Vec::new();
     // `call` has parenthesised lists; not supported (rejected by decode_op).
     while !p.eat_p(';') {

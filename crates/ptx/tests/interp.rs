@@ -307,6 +307,28 @@ fn faults_and_hangs_are_reported_in_one_line() {
 }
 
 #[test]
+fn an_unsupported_instruction_is_refused_only_where_a_thread_reaches_it() {
+    let regs = "\t.reg .b64 %rd<4>;\n\t.reg .b32 %r<4>;\n\t.reg .pred %p<2>;";
+    // A branch no thread takes holds wgmma, an mbarrier and a TMA copy (with braces and an
+    // address among their operands): the kernel runs, and its store lands.
+    let body = "\tmov.u32 %r1, 7;\n\tsetp.eq.u32 %p1, %r1, 7;\n\t@%p1 bra DONE;\n\
+                \tmbarrier.init.shared::cta.b64 [%r1], %r2;\n\
+                \twgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%r1, %r2, %r3, %r1}, %rd2, %rd3, 1, 1, 1, 0, 0;\n\
+                \tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%r1], [%rd2, {%r2, %r3}], [%r1];\n\
+                DONE:\n\tst.global.u32 [%rd1], %r1;";
+    one_thread(body, regs).unwrap();
+    // Where a thread reaches one, the run stops there with the line and the reason.
+    let body = "\tmov.u32 %r1, 7;\n\tsetp.eq.u32 %p1, %r1, 8;\n\t@%p1 bra DONE;\n\
+                \tmbarrier.init.shared::cta.b64 [%r1], %r2;\nDONE:\n\tret;";
+    let e = one_thread(body, regs).unwrap_err();
+    assert!(
+        e.contains("`mbarrier.init.shared::cta.b64`: unsupported instruction `mbarrier.init.shared::cta.b64` ("),
+        "{e}"
+    );
+    assert!(e.contains("line "), "{e}");
+}
+
+#[test]
 fn conversions_round_as_ptx_says() {
     let src = format!(
         "{HEAD}{}",
