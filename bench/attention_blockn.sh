@@ -8,8 +8,8 @@
 #   1. per configuration of CFGS: one checked launch at the first anchor shape under a 60 s
 #      timeout, then the stress suite (ragged L 1..1500, grouped- and multi-query heads, D 64 / 96 /
 #      128; TMA and cp.async loads, persistent and not); a configuration failing either is not timed;
-#   2. timing at the anchor, search and held-out shapes: the defaults and every configuration that
-#      passed.
+#   2. timing at the anchor, search and held-out shapes (TIME_SUITES: bench/cuda_dev.py's KS_SUITES):
+#      BASE and every configuration that passed.
 # Here:   ATT_PREPARE=1 bash bench/attention_blockn.sh   (NVRTC into .att-cubins)
 # There:  bash bench/attention_blockn.sh                 (carry .att-cubins)
 set -uo pipefail
@@ -42,7 +42,7 @@ for c in "${cfgs[@]}"; do
         timed="$timed;$c,PP=1,CTAS=132,TMA=1"
 done
 [ "$mode" = prepare ] && timed="$BASE,PP=1,CTAS=132,TMA=1;${CFGS//;/,PP=1,CTAS=132,TMA=1;},PP=1,CTAS=132,TMA=1"
-pass time anchor,search,heldout 1 "$timed" 400
+pass time "${TIME_SUITES:-anchor,search,heldout}" 1 "$timed" 400
 [ "$mode" = prepare ] && exit 0
 echo "== summary (bench/cuda_dev.py's: the best correct configuration per workload, the peer of the same process) =="
 sed -n '/^==== summary/,$p' "$OUTDIR/time.log" | tail -n +2

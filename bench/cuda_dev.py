@@ -27,7 +27,8 @@ Environment:
   KS_SUITES=search,heldout,stress   workload sets: the task's search and held-out workloads of the
                                     back-end, STRESS below (small ragged / grouped-query shapes),
                                     `mixed` (MIXED below: the shapes of bench/mixed_shapes.sh) and
-                                    `anchor` (ANCHOR below: the shapes the peers were timed on)
+                                    `anchor` (ANCHOR below: the shapes the peers were timed on),
+                                    `ragged` (RAGGED below)
   KS_BACKENDS=cuda,mlx-cuda         kernel sets: [backends.cuda] and [backends.mlx-cuda] (wrapped bodies)
   KS_KERNELS=a,b                    only these kernels (names; `mlx:flash` for an MLX body)
   KS_MAXCFG=n or name=n,...         configurations per kernel and workload (nearest to the defaults
@@ -64,6 +65,12 @@ STRESS = {
         {"B": 3, "H": 8, "Hkv": 8, "L": 1500, "D": 64, "causal": 0},
         {"B": 2, "H": 4, "Hkv": 1, "L": 200, "D": 128, "causal": 1},
         {"B": 1, "H": 2, "Hkv": 2, "L": 255, "D": 64, "causal": 0},
+        # flash_ws: the last rows of its SMALL_L path and the first of the tiled one; lengths where
+        # WIDE=1 takes 176- and 160-key tiles
+        {"B": 1, "H": 4, "Hkv": 2, "L": 32, "D": 64, "causal": 1},
+        {"B": 1, "H": 2, "Hkv": 1, "L": 33, "D": 96, "causal": 0},
+        {"B": 2, "H": 4, "Hkv": 1, "L": 520, "D": 128, "causal": 0},
+        {"B": 1, "H": 4, "Hkv": 2, "L": 300, "D": 64, "causal": 0},
     ],
     "mamba_scan": [
         {"batch": 1, "L": 1, "D": 2048, "N": 16},
@@ -84,6 +91,20 @@ MIXED = {
         {"B": 1, "H": 32, "Hkv": 8, "L": 1000, "D": 128, "causal": 1},
         {"B": 2, "H": 32, "Hkv": 8, "L": 777, "D": 64, "causal": 1},
         {"B": 4, "H": 32, "Hkv": 8, "L": 2048, "D": 128, "causal": 0},
+    ],
+}
+
+# Ragged shapes outside the task's workloads (KS_SUITES=ragged): non-causal lengths a little past a
+# multiple of 128 (where flash_ws's WIDE=1 takes 160- or 176-key tiles), one where it does not, and
+# short prompts (flash_ws's SMALL_L path).
+RAGGED = {
+    "attention": [
+        {"B": 4, "H": 32, "Hkv": 8, "L": 300, "D": 128, "causal": 0},
+        {"B": 8, "H": 16, "Hkv": 16, "L": 520, "D": 64, "causal": 0},
+        {"B": 2, "H": 32, "Hkv": 32, "L": 140, "D": 128, "causal": 0},
+        {"B": 3, "H": 32, "Hkv": 8, "L": 650, "D": 128, "causal": 0},
+        {"B": 4, "H": 32, "Hkv": 8, "L": 24, "D": 128, "causal": 1},
+        {"B": 16, "H": 32, "Hkv": 8, "L": 1, "D": 128, "causal": 0},
     ],
 }
 
@@ -326,7 +347,7 @@ def plan(tasks):
                 if be not in task["backends"]:
                     continue
                 bs = task["backends"][be]
-                named = {"stress": STRESS, "mixed": MIXED, "anchor": ANCHOR}
+                named = {"stress": STRESS, "mixed": MIXED, "anchor": ANCHOR, "ragged": RAGGED}
                 wls = named[suite].get(tn, []) if suite in named else bs.get(suite, [])
                 kernels = [dict(bs["seed"], name="seed")] + bs.get("kernels", [])
                 for wi, wl in enumerate(wls):

@@ -368,6 +368,40 @@ fn emulate_runs_every_cuda_kernel_of_every_task_through_the_ptx_interpreter() {
 }
 
 #[test]
+fn emulate_runs_flash_ws_short_calls_beside_its_wgmma_path() {
+    if !nvrtc_here() {
+        return;
+    }
+    // flash_ws holds wgmma, TMA and mbarriers, which the interpreter does not run; its SMALL_L
+    // path (a warp a query row) has none, so calls with L <= SMALL_L are checked element by
+    // element, on both units (64-bit axes for the CUDA back-end, 32-bit as MLX passes them).
+    // One length past SMALL_L reaches the tiled path: skipped with the reason, not failed.
+    for backend in ["cuda", "mlx-cuda"] {
+        let (code, stdout, stderr) = out(ksearch()
+            .arg("--tasks-dir")
+            .arg(tasks_dir())
+            .args(["kb", "emulate", "attention", "--backend", backend, "--kernel", "flash_ws"])
+            .args(["-D", "SMALL_L=32"])
+            .args(["--workload", "B=3,H=4,Hkv=1,L=1,D=128,causal=1"])
+            .args(["--workload", "B=2,H=4,Hkv=2,L=9,D=64,causal=1"])
+            .args(["--workload", "B=1,H=6,Hkv=3,L=32,D=96,causal=0"])
+            .args(["--workload", "B=1,H=2,Hkv=2,L=33,D=128,causal=0"]));
+        assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
+        assert_eq!(
+            stdout.lines().filter(|l| l.starts_with("ok   flash_ws")).count(),
+            3,
+            "{backend}: {stdout}"
+        );
+        assert!(
+            stdout.contains("on B=1,D=128,H=2,Hkv=2,L=33,causal=0: not interpretable: line ")
+                && stdout.contains("unsupported instruction `"),
+            "{backend}: {stdout}"
+        );
+        assert!(stdout.contains(": 0 failed, 1 skipped"), "{backend}: {stdout}");
+    }
+}
+
+#[test]
 fn emulate_catches_a_cuda_kernel_that_reads_before_its_copies_land_or_its_barrier() {
     if !nvrtc_here() {
         return;

@@ -71,6 +71,14 @@
 // 61.2 with 160 (1.10x; 65.8). Inside MLX, through the MLX worker's judge, the same two shapes go from
 // 0.93x / 0.98x of mx.fast.scaled_dot_product_attention to 1.09x / 1.10x
 // (bench/h200-2026-12-05-mlx-attention-blockn.txt).
+// SMALL_L (a tunable: 0, 1, 8 or 32): a call with L <= SMALL_L skips the tiles (small_rows below: a warp a
+// query row, keys four at a time); L = 1 took 12.1 us through the tiled path (H200, 2026-12-05), all fixed
+// cost. WIDE=1 (a tunable): a call without the causal mask takes 176- or 160-key tiles (2 stages, KVS 1: the
+// configurations above, faster at 5,16,1,513,128 and 3,32,32,777,64) where that width pads L to at most 90%
+// of the keys BLOCK_N pads it to; the tiled body is a template of (key-tile width, stages, KVS) instantiated
+// for each, and the launch's shared memory covers the largest. Both are checked by the PTX interpreter
+// (small_rows; `ksearch kb emulate`) and compile for sm_90a, but neither has been timed on a GPU as written
+// here, so both default to 0 (bench/README.md has the commands that will time them).
 // RS=1 (not a tunable: correct on the H200, 2026-12-05, but no faster than without it): a warp moves its rows' running maxima only
 // where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
 // Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread
@@ -100,6 +108,15 @@
 #ifndef KVS
 #define KVS 0
 #endif
+#ifndef SMALL_L
+#define SMALL_L 32
+#endif
+#ifndef WIDE
+#define WIDE 0
+#endif
+#if WIDE != 0 && WIDE != 1
+#error "WIDE must be 0 or 1"
+#endif
 #if KVS != 0 && KVS != 1
 #error "KVS must be 0 or 1"
 #endif
@@ -121,7 +138,7 @@
 #define NT (128 * (NWG + 1)) // threads per block
 #define PT 128               // producer threads
 #define HDP ((HD + 63) / 64 * 64)  // columns of the shared-memory tiles and of the PV product
-#define TILE_BYTES (BLOCK_N * HDP * 2)
+#define TILE_B (BN * HDP * 2)  // bytes of a K or V tile of the tiled body
 #define Q_BYTES (BLOCK_M * HDP * 2)
 #if STAGES < 2
 #error "STAGES must be at least 2"
@@ -333,22 +350,20 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 // keys moves 2048).
 #define KM_LBO 16
 #define KM_SBO 1024
-#define MN_LBO (BLOCK_N * 128)
+#define MN_LBO (BN * 128)  // BN: the tiled body's key-tile width (a template parameter)
 #define MN_SBO 1024
 #define Q_KSTEP(kk) (((kk) >> 2) * (BLOCK_M * 128) + ((kk) & 3) * 32)
-#define K_KSTEP(kk) (((kk) >> 2) * (BLOCK_N * 128) + ((kk) & 3) * 32)
+#define K_KSTEP(kk) (((kk) >> 2) * (BN * 128) + ((kk) & 3) * 32)
 #define V_KSTEP(kk) ((kk) * 2048)
 #define Q_WG(c) ((c) * 64 * 128)
 
-#if BLOCK_N == 176
-#define WGMMA_S wgmma_ss_n176
-#elif BLOCK_N == 160
-#define WGMMA_S wgmma_ss_n160
-#elif BLOCK_N == 128
-#define WGMMA_S wgmma_ss_n128
-#else
-#define WGMMA_S wgmma_ss_n64
-#endif
+// S = Q K^T of one k-step for a key tile of N columns (N a constant: the other branches fold away).
+template <int N> __device__ __forceinline__ void wgmma_s(float* d, unsigned long long da, unsigned long long db, int sd) {
+    if (N == 176) wgmma_ss_n176(d, da, db, sd);
+    else if (N == 160) wgmma_ss_n160(d, da, db, sd);
+    else if (N == 128) wgmma_ss_n128(d, da, db, sd);
+    else wgmma_ss_n64(d, da, db, sd);
+}
 #if HDP == 128
 #define WGMMA_O wgmma_rs_n128_tb
 #else
@@ -370,35 +385,116 @@ __device__ __forceinline__ long long qo_row(int bh, int l, int H, long long L) {
     return ((long long)bh * L + l) * HD;
 }
 
+// ---- calls with L <= SMALL_L (one query row, a few rows) ----
+// There the main path is all fixed cost: a 128-row tile, mbarriers and (TMA) three tensor maps a
+// block for one row. Instead each warp takes whole query rows (of all heads and batches, strided
+// over every warp of the grid), a lane EPL = HD / 32 columns: q . k by a butterfly sum, online
+// exp2 softmax in f32, o = sum p v. No shared memory, no barrier.
+#define EPL (HD / 32)
+__device__ __forceinline__ float h2f(unsigned short u) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u));
+    return f;
+}
+__device__ __forceinline__ unsigned short f2h(float f) {
+    unsigned short u;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(u) : "f"(f));
+    return u;
+}
+__device__ __forceinline__ void small_rows(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+                                           const unsigned short* __restrict__ v, unsigned short* __restrict__ o,
+                                           int B, int H, int Hkv, int L, int causal) {
+    const int lane = threadIdx.x & 31, grp = H / Hkv;
+    const long long rows = (long long)B * H * L;
+    const long long nw = (long long)gridDim.x * (NT / 32);
+    const float sc = rsqrtf((float)HD) * 1.4426950408889634f;  // 1/sqrt(D), in log2 units
+#pragma unroll 1
+    for (long long r = (long long)blockIdx.x * (NT / 32) + (threadIdx.x >> 5); r < rows; r += nw) {
+        const int bh = (int)(r / L), l = (int)(r - (long long)bh * L);
+        const long long kv0 = ((long long)(bh / H) * Hkv + (bh % H) / grp) * L * HD + lane * EPL;
+        const unsigned short* qr = q + qo_row(bh, l, H, L) + lane * EPL;
+        float qf[EPL], acc[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            qf[e] = h2f(qr[e]) * sc;
+            acc[e] = 0.f;
+        }
+        float m = -INFINITY, sum = 0.f;
+        const int nk = causal ? l + 1 : L;
+        // Keys four at a time: their loads in flight together, their sums' shuffle rounds interleaved.
+#pragma unroll 1
+        for (int j0 = 0; j0 < nk; j0 += 4) {
+            float kf[4][EPL], vf[4][EPL], d[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const bool in = j0 + u < nk;
+                const long long at = kv0 + (long long)(j0 + u) * HD;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    kf[u][e] = in ? h2f(k[at + e]) : 0.f;
+                    vf[u][e] = in ? h2f(v[at + e]) : 0.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                d[u] = 0.f;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) d[u] += qf[e] * kf[u][e];
+            }
+#pragma unroll
+            for (int x = 16; x > 0; x >>= 1) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) d[u] += __shfl_xor_sync(0xffffffff, d[u], x);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (j0 + u >= nk) break;
+                const float mn = fmaxf(m, d[u]), a = ex2(m - mn), p = ex2(d[u] - mn);
+                m = mn;
+                sum = sum * a + p;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) acc[e] = acc[e] * a + p * vf[u][e];
+            }
+        }
+        const float inv = 1.f / sum;
+        unsigned short* orow = o + qo_row(bh, l, H, L) + lane * EPL;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) orow[e] = f2h(acc[e] * inv);
+    }
+}
+
 __device__ __forceinline__ void work_item(int w, int nM, int causal, int& bh, int& mb) {
     bh = w / nM;
     const int j = w - bh * nM;
     mb = causal ? ((j & 1) ? (j >> 1) : nM - 1 - (j >> 1)) : j;
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned short* __restrict__ q,
+// The tiled path: key tiles of BN columns, a ring of ST stages, K and V of a stage released apart
+// (KV = 1) or together.
+template <int BN, int ST, int KV>
+__device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                                                               const unsigned short* __restrict__ k,
                                                               const unsigned short* __restrict__ v,
                                                               unsigned short* __restrict__ o, KS_AXIS B, KS_AXIS H,
                                                               KS_AXIS Hkv, KS_AXIS L, KS_AXIS D, KS_AXIS causal) {
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned sQ = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms are 1024-byte aligned
-    const unsigned sKV = sQ + Q_BYTES;  // stage s: K at sKV + 2 * s * TILE_BYTES, V at + TILE_BYTES
+    const unsigned sKV = sQ + Q_BYTES;  // stage s: K at sKV + 2 * s * TILE_B, V at + TILE_B
     // full[s] at sBar + 8s: the stage's tiles have landed (PT producer arrivals; the full barrier of
-    // an item's first tile covers its Q too); empty[s] at sBar + 8 (STAGES + s): every consumer warp
-    // is done reading the stage (8); qempty at sBar + 16 STAGES: every consumer warp's last S product
+    // an item's first tile covers its Q too); empty[s] at sBar + 8 (ST + s): every consumer warp
+    // is done reading the stage (8); qempty at sBar + 16 ST: every consumer warp's last S product
     // of the item has completed, so Q may be overwritten (8).
-    // KVS=1: K and V of a stage have barriers of their own (full / empty at sBar + 8s / + 8 (STAGES + s)
+    // KV=1: K and V of a stage have barriers of their own (full / empty at sBar + 8s / + 8 (ST + s)
     // for K, the same from sBV on for V), so a stage's K is reloaded once the S products have read
     // it, a tile before its V is free.
-    const unsigned sBar = sKV + 2 * STAGES * TILE_BYTES;
-    const unsigned sQe = sBar + 16 * STAGES;
+    const unsigned sBar = sKV + 2 * ST * TILE_B;
+    const unsigned sQe = sBar + 16 * ST;
     const unsigned sBV = sQe + 8;
     // Barriers of tile T's K (or K and V) and of its V.
-    auto fullK = [&](int T) { return sBar + 8 * (T % STAGES); };
-    auto emptyK = [&](int T) { return sBar + 8 * (STAGES + T % STAGES); };
-    auto fullV = [&](int T) { return KVS ? sBV + 8 * (T % STAGES) : fullK(T); };
-    auto emptyV = [&](int T) { return KVS ? sBV + 8 * (STAGES + T % STAGES) : emptyK(T); };
+    auto fullK = [&](int T) { return sBar + 8 * (T % ST); };
+    auto emptyK = [&](int T) { return sBar + 8 * (ST + T % ST); };
+    auto fullV = [&](int T) { return KV ? sBV + 8 * (T % ST) : fullK(T); };
+    auto emptyV = [&](int T) { return KV ? sBV + 8 * (ST + T % ST) : emptyK(T); };
     const int tid = threadIdx.x, wg = tid >> 7;
     const int Ln = (int)L, Hn = (int)H, grp = (int)(H / Hkv), cz = causal ? 1 : 0;
     const int nM = (Ln + BLOCK_M - 1) / BLOCK_M;
@@ -406,16 +502,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     // Items two at a time only where the grid cannot hold them all at once (one wave needs no
     // balancing, and a pair would double the latency of a small call).
     const int per = items > (int)gridDim.x ? 2 : 1, groups = (items + per - 1) / per;
-    const int ntk = (Ln + BLOCK_N - 1) / BLOCK_N;  // key tiles; the last one may be partial
+    const int ntk = (Ln + BN - 1) / BN;  // key tiles; the last one may be partial
     // Key tiles of the query block starting at row m0.
-    auto tiles = [&](int m0) { return cz ? min(ntk, (m0 + BLOCK_M + BLOCK_N - 1) / BLOCK_N) : ntk; };
+    auto tiles = [&](int m0) { return cz ? min(ntk, (m0 + BLOCK_M + BN - 1) / BN) : ntk; };
     if (tid == 0) {
-        for (int st = 0; st < STAGES; st++) {
+        for (int st = 0; st < ST; st++) {
             mbar_init(sBar + 8 * st, TMA ? 1 : PT);
-            mbar_init(sBar + 8 * (STAGES + st), 4 * NWG);
-            if (KVS) {
+            mbar_init(sBar + 8 * (ST + st), 4 * NWG);
+            if (KV) {
                 mbar_init(sBV + 8 * st, TMA ? 1 : PT);
-                mbar_init(sBV + 8 * (STAGES + st), 4 * NWG);
+                mbar_init(sBV + 8 * (ST + st), 4 * NWG);
             }
         }
         mbar_init(sQe, 4 * NWG);
@@ -437,13 +533,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         __syncwarp();
         if (tid == 0) {
             const unsigned sk = sTm + 128, sv = sTm + 256;
-            // K and V: [B * Hkv, L, HD] as dimensions (HD, L, B * Hkv), boxes of 64 columns x BLOCK_N keys.
+            // K and V: [B * Hkv, L, HD] as dimensions (HD, L, B * Hkv), boxes of 64 columns x BN keys.
             tm_common<3>(sk, k);
             tm_common<3>(sv, v);
             tm_dim<0>(sk, 64, (unsigned)HD);
             tm_dim<0>(sv, 64, (unsigned)HD);
-            tm_dim<1>(sk, BLOCK_N, (unsigned)Ln);
-            tm_dim<1>(sv, BLOCK_N, (unsigned)Ln);
+            tm_dim<1>(sk, BN, (unsigned)Ln);
+            tm_dim<1>(sv, BN, (unsigned)Ln);
             tm_dim<2>(sk, 1, (unsigned)(B * Hkv));
             tm_dim<2>(sv, 1, (unsigned)(B * Hkv));
             tm_stride<0>(sk, 2ull * HD);
@@ -495,15 +591,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
 #endif
 #pragma unroll 1
                 for (int t = 0; t < nt; t++, T++) {
-                    const int st = T % STAGES;
-                    const unsigned ph = (T / STAGES - 1) & 1;  // the phase of the stage's previous tile
-                    if (T >= STAGES) mbar_wait(emptyK(T), ph);
-                    const unsigned dst = sKV + 2 * st * TILE_BYTES;
+                    const int st = T % ST;
+                    const unsigned ph = (T / ST - 1) & 1;  // the phase of the stage's previous tile
+                    if (T >= ST) mbar_wait(emptyK(T), ph);
+                    const unsigned dst = sKV + 2 * st * TILE_B;
 #if TMA
                     // Every box lands whole (out-of-bounds elements as zeros), so the bytes are
                     // fixed; Q's boxes complete the full barrier of the item's first tile too.
                     const unsigned fb = fullK(T), fv = fullV(T);
-                    mbar_expect_tx(fb, (KVS ? 1 : 2) * TILE_BYTES + (t == 0 ? Q_BYTES : 0));
+                    mbar_expect_tx(fb, (KV ? 1 : 2) * TILE_B + (t == 0 ? Q_BYTES : 0));
                     if (t == 0) {
 #pragma unroll
                         for (int jb = 0; jb < HDP / 64; jb++) {
@@ -515,25 +611,25 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                         }
                     }
 #pragma unroll
-                    for (int jb = 0; jb < HDP / 64; jb++) tma3(dst + jb * BLOCK_N * 128, gTm + 128, 64 * jb, t * BLOCK_N, (int)kvh, fb);
-                    if (KVS) {
-                        if (T >= STAGES) mbar_wait(emptyV(T), ph);
-                        mbar_expect_tx(fv, TILE_BYTES);
+                    for (int jb = 0; jb < HDP / 64; jb++) tma3(dst + jb * BN * 128, gTm + 128, 64 * jb, t * BN, (int)kvh, fb);
+                    if (KV) {
+                        if (T >= ST) mbar_wait(emptyV(T), ph);
+                        mbar_expect_tx(fv, TILE_B);
                     }
 #pragma unroll
                     for (int jb = 0; jb < HDP / 64; jb++)
-                        tma3(dst + TILE_BYTES + jb * BLOCK_N * 128, gTm + 256, 64 * jb, t * BLOCK_N, (int)kvh, fv);
+                        tma3(dst + TILE_B + jb * BN * 128, gTm + 256, 64 * jb, t * BN, (int)kvh, fv);
 #else
-                    const long long off = (long long)t * BLOCK_N * HD;
-                    const int kv = min(BLOCK_N, Ln - t * BLOCK_N);
-                    if (kv == BLOCK_N) load_tile<BLOCK_N, true>(dst, Kg + off, kv, tid);
-                    else load_tile<BLOCK_N, false>(dst, Kg + off, kv, tid);
-                    if (KVS) {
+                    const long long off = (long long)t * BN * HD;
+                    const int kv = min(BN, Ln - t * BN);
+                    if (kv == BN) load_tile<BN, true>(dst, Kg + off, kv, tid);
+                    else load_tile<BN, false>(dst, Kg + off, kv, tid);
+                    if (KV) {
                         mbar_arrive_cp(fullK(T));  // arrives once this thread's copies so far have landed
-                        if (T >= STAGES) mbar_wait(emptyV(T), ph);
+                        if (T >= ST) mbar_wait(emptyV(T), ph);
                     }
-                    if (kv == BLOCK_N) load_tile<BLOCK_N, true>(dst + TILE_BYTES, Vg + off, kv, tid);
-                    else load_tile<BLOCK_N, false>(dst + TILE_BYTES, Vg + off, kv, tid);
+                    if (kv == BN) load_tile<BN, true>(dst + TILE_B, Vg + off, kv, tid);
+                    else load_tile<BN, false>(dst + TILE_B, Vg + off, kv, tid);
                     mbar_arrive_cp(fullV(T));
 #endif
                 }
@@ -549,29 +645,29 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
         const unsigned qbase = sQ + Q_WG(c);
         float oacc[HDP / 2];
-        float s[BLOCK_N / 2];
-        unsigned pprev[BLOCK_N / 4];
+        float s[BN / 2];
+        unsigned pprev[BN / 4];
 #pragma unroll
-        for (int i = 0; i < BLOCK_N / 4; i++) pprev[i] = 0u;
+        for (int i = 0; i < BN / 4; i++) pprev[i] = 0u;
         float mrow0, mrow1, lrow0, lrow1, al0 = 1.f, al1 = 1.f;
         bool resc = true;  // RS: some row of the warp moved its running maximum (oacc is rescaled)
         int wrow0 = 0, r0 = 0;  // the item's first query row of this warpgroup, this thread's rows r0, r0 + 8
 
         // Tile T (counted over the block's items) has landed in its stage.
         auto wait_tile = [&](int T) {
-            mbar_wait(fullK(T), (T / STAGES) & 1);
+            mbar_wait(fullK(T), (T / ST) & 1);
             if (!TMA) fence_proxy_async();  // cp.async writes are the generic proxy's; TMA's the async proxy's
         };
-        // Tile T's V has landed (KVS; otherwise it came with K).
+        // Tile T's V has landed (KV; otherwise it came with K).
         auto wait_v = [&](int T) {
-            if (KVS) {
-                mbar_wait(fullV(T), (T / STAGES) & 1);
+            if (KV) {
+                mbar_wait(fullV(T), (T / ST) & 1);
                 if (!TMA) fence_proxy_async();
             }
         };
-        // This warp's S product of tile T has completed: its K may be overwritten (KVS).
+        // This warp's S product of tile T has completed: its K may be overwritten (KV).
         auto release_k = [&](int T) {
-            if (KVS && lane == 0) mbar_arrive(emptyK(T));
+            if (KV && lane == 0) mbar_arrive(emptyK(T));
         };
         // This warp is done with tile T (its PV product has completed).
         auto release = [&](int T) {
@@ -592,34 +688,34 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
 #endif
         };
         auto issue_s = [&](int T) {
-            const unsigned kb = sKV + 2 * (T % STAGES) * TILE_BYTES;
+            const unsigned kb = sKV + 2 * (T % ST) * TILE_B;
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++)
-                WGMMA_S(s, mdesc(qbase + Q_KSTEP(kk), KM_LBO, KM_SBO), mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
+                wgmma_s<BN>(s, mdesc(qbase + Q_KSTEP(kk), KM_LBO, KM_SBO), mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
             wg_commit();
         };
         auto issue_pv = [&](int T) {
-            const unsigned vb = sKV + 2 * (T % STAGES) * TILE_BYTES + TILE_BYTES;
+            const unsigned vb = sKV + 2 * (T % ST) * TILE_B + TILE_B;
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; kk++) WGMMA_O(oacc, pprev + 4 * kk, mdesc(vb + V_KSTEP(kk), MN_LBO, MN_SBO));
+            for (int kk = 0; kk < BN / 16; kk++) WGMMA_O(oacc, pprev + 4 * kk, mdesc(vb + V_KSTEP(kk), MN_LBO, MN_SBO));
             wg_commit();
         };
         auto softmax = [&](int t) {
-            const int n0 = t * BLOCK_N;
+            const int n0 = t * BN;
             // s[4c + e]: row r0 + 8 * (e >> 1), key n0 + 8c + 2qd + (e & 1). Keys from lim0 (row r0)
             // and lim1 (row r0 + 8) on are masked: past the diagonal, past L.
-            const bool diag = cz && n0 + BLOCK_N - 1 > wrow0 + 16 * warp;
-            if (diag || n0 + BLOCK_N > Ln) {
+            const bool diag = cz && n0 + BN - 1 > wrow0 + 16 * warp;
+            if (diag || n0 + BN > Ln) {
                 const int lim0 = diag ? min(r0 + 1, Ln) : Ln, lim1 = diag ? min(r0 + 9, Ln) : Ln;
 #pragma unroll
-                for (int cc = 0; cc < BLOCK_N / 8; cc++)
+                for (int cc = 0; cc < BN / 8; cc++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         s[4 * cc + e] = n0 + 8 * cc + 2 * qd + (e & 1) < ((e >> 1) ? lim1 : lim0) ? s[4 * cc + e] : -INFINITY;
             }
             float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-            for (int cc = 0; cc < BLOCK_N / 8; cc++) {
+            for (int cc = 0; cc < BN / 8; cc++) {
                 mx0 = fmaxf(mx0, fmaxf(s[4 * cc], s[4 * cc + 1]));
                 mx1 = fmaxf(mx1, fmaxf(s[4 * cc + 2], s[4 * cc + 3]));
             }
@@ -645,7 +741,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
             mrow1 = mn1;
             float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
-            for (int cc = 0; cc < BLOCK_N / 8; cc++) {
+            for (int cc = 0; cc < BN / 8; cc++) {
                 s[4 * cc] = ex2(fmaf(s[4 * cc], sl2, -mn0));
                 s[4 * cc + 1] = ex2(fmaf(s[4 * cc + 1], sl2, -mn0));
                 s[4 * cc + 2] = ex2(fmaf(s[4 * cc + 2], sl2, -mn1));
@@ -659,7 +755,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         // P as wgmma A fragments: k-step kk covers keys 16kk..16kk+15 (n8 chunks 2kk, 2kk+1).
         auto pack_p = [&]() {
 #pragma unroll
-            for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+            for (int kk = 0; kk < BN / 16; kk++) {
                 pprev[4 * kk] = pack2(s[8 * kk], s[8 * kk + 1]);
                 pprev[4 * kk + 1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
                 pprev[4 * kk + 2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
@@ -698,7 +794,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                 issue_s(T0);
                 turn_end(false);
                 wg_wait<0>();
-                pin<BLOCK_N / 2>(s);
+                pin<BN / 2>(s);
                 release_k(T0);
                 if (nt == 1) release_q();
                 softmax(0);
@@ -708,14 +804,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                     wait_tile(T0 + t);
                     wait_v(T0 + t - 1);
                     pin<HDP / 2>(oacc);
-                    pin<BLOCK_N / 4>(pprev);
+                    pin<BN / 4>(pprev);
                     turn_begin();
                     wg_fence();
                     issue_s(T0 + t);       // S of tile t ...
                     issue_pv(T0 + t - 1);  // ... and the PV product of tile t - 1, both in flight
                     turn_end(false);
                     wg_wait<1>();  // S has landed
-                    pin<BLOCK_N / 2>(s);
+                    pin<BN / 2>(s);
                     release_k(T0 + t);
                     if (t == nt - 1) release_q();
                     softmax(t);
@@ -735,7 +831,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                 }
                 wait_v(T0 + nt - 1);
                 pin<HDP / 2>(oacc);
-                pin<BLOCK_N / 4>(pprev);
+                pin<BN / 4>(pprev);
                 turn_begin();
                 wg_fence();
                 issue_pv(T0 + nt - 1);
@@ -759,4 +855,29 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned short* __restrict__ q,
+                                                              const unsigned short* __restrict__ k,
+                                                              const unsigned short* __restrict__ v,
+                                                              unsigned short* __restrict__ o, KS_AXIS B, KS_AXIS H,
+                                                              KS_AXIS Hkv, KS_AXIS L, KS_AXIS D, KS_AXIS causal) {
+    if (L <= SMALL_L) {
+        small_rows(q, k, v, o, (int)B, (int)H, (int)Hkv, (int)L, causal ? 1 : 0);
+        return;
+    }
+#if WIDE
+    // Without the mask, the width of 160 or 176 keys that pads L least, where it pads at most 90% of
+    // what BLOCK_N pads (wide tiles cost about 4% a key at whole tiles: 2 stages, two barriers a tile).
+    if (!causal) {
+        const long long p160 = (L + 159) / 160 * 160, p176 = (L + 175) / 176 * 176;
+        const long long pb = (L + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
+        if (min(p160, p176) * 10 < pb * 9) {
+            if (p176 <= p160) attn_tiled<176, 2, 1>(q, k, v, o, B, H, Hkv, L, D, causal);
+            else attn_tiled<160, 2, 1>(q, k, v, o, B, H, Hkv, L, D, causal);
+            return;
+        }
+    }
+#endif
+    attn_tiled<BLOCK_N, STAGES, KVS>(q, k, v, o, B, H, Hkv, L, D, causal);
 }
