@@ -78,7 +78,9 @@
 // of the keys BLOCK_N pads it to; the tiled body is a template of (key-tile width, stages, KVS) instantiated
 // for each, and the launch's shared memory covers the largest. Both are checked by the PTX interpreter
 // (small_rows; `ksearch kb emulate`) and compile for sm_90a, but neither has been timed on a GPU as written
-// here, so both default to 0 (bench/README.md has the commands that will time them).
+// here, so both default to 0 (bench/README.md has the commands that will time them). With both 0 the PTX
+// is byte for byte the build measured before they existed (every head size, TMA 0 / 1, the MLX unit,
+// QO_LHD, other tile widths), so the figures above stand.
 // RS=1 (not a tunable: correct on the H200, 2026-12-05, but no faster than without it): a warp moves its rows' running maxima only
 // where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
 // Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread
@@ -862,10 +864,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
                                                               const unsigned short* __restrict__ v,
                                                               unsigned short* __restrict__ o, KS_AXIS B, KS_AXIS H,
                                                               KS_AXIS Hkv, KS_AXIS L, KS_AXIS D, KS_AXIS causal) {
+#if SMALL_L > 0
     if (L <= SMALL_L) {
         small_rows(q, k, v, o, (int)B, (int)H, (int)Hkv, (int)L, causal ? 1 : 0);
         return;
     }
+#endif
 #if WIDE
     // Without the mask, the width of 160 or 176 keys that pads L least, where it pads at most 90% of
     // what BLOCK_N pads (wide tiles cost about 4% a key at whole tiles: 2 stages, two barriers a tile).
