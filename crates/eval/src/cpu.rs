@@ -648,3 +648,67 @@ impl Device for CpuDevice<'_> {
         }
     }
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A stand-in compiler (a shell script) in a fresh folder; `body` runs for a compile.
+    fn fake_compiler(tag: &str, body: &str) -> std::path::PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!("ksearch-cc-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cc = dir.join("cc.sh");
+        let script = format!("#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake-cc 1; exit 0; fi\n{body}\n");
+        std::fs::write(&cc, script).unwrap();
+        std::fs::set_permissions(&cc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+
+    /// The value of one row of /proc/self/limits as the compiler saw it (its soft limit).
+    fn limit<'a>(log: &'a str, row: &str) -> Option<&'a str> {
+        log.lines()
+            .find(|l| l.starts_with(row))
+            .and_then(|l| l[row.len()..].split_whitespace().next())
+    }
+
+    #[test]
+    fn the_compiler_runs_under_address_space_file_size_and_core_limits() {
+        let dir = fake_compiler("limits", "cat /proc/self/limits >&2\nexit 1");
+        let cc = dir.join("cc.sh");
+        let e = compile_cached(&dir.join("cache"), cc.to_str().unwrap(), &[], "int x;\n", "kernel.cpp").unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(e.class, FailureClass::Compile, "{}", e.message);
+        let (mem, file) = (COMPILER_MEMORY.to_string(), COMPILER_FILE_BYTES.to_string());
+        assert_eq!(limit(&e.message, "Max address space"), Some(mem.as_str()), "{}", e.message);
+        assert_eq!(limit(&e.message, "Max file size"), Some(file.as_str()), "{}", e.message);
+        assert_eq!(limit(&e.message, "Max core file size"), Some("0"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_compiler_killed_by_its_limits_is_a_compile_failure_that_names_them() {
+        // What the kernel does to a compiler writing past its file-size limit (SIGXFSZ), without
+        // writing a GiB: a one-line compile failure naming the signal and the limits.
+        let dir = fake_compiler("xfsz", "kill -XFSZ $$");
+        let cc = dir.join("cc.sh");
+        let e = compile_cached(&dir.join("cache"), cc.to_str().unwrap(), &[], "int x;\n", "kernel.cpp").unwrap_err();
+        let leftovers: Vec<_> = std::fs::read_dir(dir.join("cache"))
+            .map(|d| d.flatten().map(|x| x.file_name()).collect())
+            .unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(e.class, FailureClass::Compile, "{}", e.message);
+        assert_eq!(
+            e.message,
+            format!(
+                "the compiler was killed by signal {} (it may use 4 GiB of memory and write 1 GiB)",
+                libc::SIGXFSZ
+            )
+        );
+        // Nothing of the failed compile stays in the cache (its source copy, a partial output).
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}
