@@ -1177,6 +1177,13 @@ fn py_json(v: &serde_json::Value) -> Result<String> {
     Ok(format!("_json.loads({})", serde_json::to_string(&text)?))
 }
 
+/// Whether `bench` reports its second look at a noisy (seed, candidate) pair rather than the
+/// first: always where the candidate failed the second time (wrong or crashed once is the kernel's
+/// answer, not noise), else where the seed ran and the pair was calmer.
+fn take_second_look(first_spread: f64, seed_failed: bool, candidate_failed: bool, second_spread: f64) -> bool {
+    candidate_failed || (!seed_failed && second_spread < first_spread)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn bench(
     g: &Global,
@@ -1278,10 +1285,12 @@ fn bench(
                 .try_into()
                 .map_err(|_| anyhow::anyhow!("the evaluator answered the wrong number of requests"))?;
             retimed = true;
-            if ksearch_search::failure_of(&rc2).is_some() {
-                // Wrong (or crashed) the second time: that is the kernel's answer, not noise.
-                (rs, rc) = (rs2, rc2);
-            } else if ksearch_search::failure_of(&rs2).is_none() && spread(&rs2, &rc2) < spread(&rs, &rc) {
+            if take_second_look(
+                spread(&rs, &rc),
+                ksearch_search::failure_of(&rs2).is_some(),
+                ksearch_search::failure_of(&rc2).is_some(),
+                spread(&rs2, &rc2),
+            ) {
                 (rs, rc) = (rs2, rc2);
             }
         }
@@ -1435,6 +1444,20 @@ fn log(g: &Global, run_id: i64, node: Option<i64>, full: bool) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::defines_itself;
+
+    #[test]
+    fn bench_keeps_a_failure_seen_on_its_second_look() {
+        use super::take_second_look;
+        // Noisy and correct first, wrong (or crashed) the second time: the failure is reported,
+        // whether the second look was calmer or not, and whatever the seed did.
+        assert!(take_second_look(0.4, false, true, 0.9));
+        assert!(take_second_look(0.4, true, true, 0.1));
+        // Both correct: the calmer pair.
+        assert!(take_second_look(0.4, false, false, 0.1));
+        assert!(!take_second_look(0.4, false, false, 0.5));
+        // The seed failed the second time: the first pair stands.
+        assert!(!take_second_look(0.4, true, false, 0.1));
+    }
 
     #[test]
     fn compiler_messages_name_the_benched_file() {
