@@ -300,10 +300,13 @@ impl Planner for Offline {
         let Some((kernel, config)) = node.action.config() else {
             return Ok(edits);
         };
-        // A knowledge-base kernel adopted at its default configuration gets tuned unless it is
-        // far behind (its defaults may suit another device); a tunable step must not regress.
+        // A knowledge-base kernel adopted at its default configuration gets tuned however far
+        // behind it measured (its defaults are a guess made for another device, and one noisy
+        // measurement must not end a search), its follow-ups rated by what it measured, so a
+        // kernel far behind is tuned only once nothing better is open. A tunable step must not
+        // regress.
         let keep = if matches!(node.action, Action::Adopt { .. }) {
-            0.5
+            0.0
         } else {
             0.9
         };
@@ -408,6 +411,11 @@ mod tests {
 
     /// Tunable follow-ups after a measurement at `speedup` (the parent is the seed, 1.0x).
     fn follow_ups(action: Action, speedup: f64) -> usize {
+        follow_up_ratings(action, speedup).len()
+    }
+
+    /// The ratings (overall) of those follow-ups.
+    fn follow_up_ratings(action: Action, speedup: f64) -> Vec<f64> {
         let task = softmax();
         let tree = Tree::default();
         let ctx = Ctx {
@@ -430,11 +438,17 @@ mod tests {
             roofline_fraction: None,
         };
         let edits = Offline::default().update(&ctx, &node, &o).unwrap();
-        edits.iter().filter(|e| matches!(e, TreeEdit::Insert(_))).count()
+        edits
+            .iter()
+            .filter_map(|e| match e {
+                TreeEdit::Insert(p) => Some(p.assessment.overall),
+                _ => None,
+            })
+            .collect()
     }
 
     #[test]
-    fn an_adopted_kernel_behind_the_seed_is_still_tuned_but_a_regressing_step_is_not() {
+    fn an_adopted_kernel_is_tuned_however_far_behind_but_a_regressing_step_is_not() {
         let k = softmax().kernel(Backend::Cpu, "rows_simd").unwrap().clone();
         let cfg = k.default_config();
         let adopt = || Action::Adopt {
@@ -442,7 +456,16 @@ mod tests {
             config: cfg.clone(),
         };
         assert!(follow_ups(adopt(), 0.8) > 0, "defaults 20% behind the seed: tune them");
-        assert_eq!(follow_ups(adopt(), 0.3), 0, "far behind: not worth tuning");
+        assert_eq!(
+            follow_ups(adopt(), 0.3),
+            follow_ups(adopt(), 0.8),
+            "far behind at its defaults: still tuned (rated low)"
+        );
+        let best = |v: Vec<f64>| v.into_iter().fold(f64::MIN, f64::max);
+        assert!(
+            best(follow_up_ratings(adopt(), 0.3)) < best(follow_up_ratings(adopt(), 0.8)),
+            "the further behind, the lower its follow-ups rate"
+        );
         let step = Action::SetTunable {
             kernel: k.name.clone(),
             name: "VEC".into(),
