@@ -63,8 +63,8 @@ pub enum KbCmd {
     /// the shim's executor (threadgroups, barriers, SIMD-group functions, 16-bit storage) in a
     /// child process with a time limit, an address-space limit and (Linux) a seccomp filter.
     /// CUDA (`--backend cuda`): NVRTC's PTX of the build the CUDA back-end makes, run by a PTX
-    /// interpreter (warps, divergence, barriers, shuffles, cp.async groups, ldmatrix, mma.sync;
-    /// every access bounds-checked; not wgmma, TMA or mbarrier).
+    /// interpreter (warps, divergence, barriers, shuffles, cp.async groups, ldmatrix, mma.sync,
+    /// mbarriers, TMA tensor loads, wgmma; every access bounds-checked).
     Emulate {
         /// The task (a name under the tasks folder).
         task: String,

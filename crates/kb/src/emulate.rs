@@ -315,6 +315,7 @@ pub fn emulate_cuda_kernel(
         let lim = ksearch_ptx::Limits {
             deadline: Some(deadline),
             reverse: seed % 2 == 1,
+            late_copies: seed % 2 == 1,
             ..Default::default()
         };
         let args = args_of(l)?;

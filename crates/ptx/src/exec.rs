@@ -5,14 +5,21 @@
 //! `mma`, `bar.warp.sync`) wait for every live lane of their member mask; `bar.sync` waits for
 //! the block's live threads (or its count). `cp.async` copies land only at the thread's
 //! `cp.async.wait_group` that covers them, so a read before the wait sees what was there before.
-//! Shared memory starts as NaN bytes; every access is bounds- and alignment-checked.
+//! Hopper: an mbarrier's phase completes when its arrivals and transaction bytes are in; a
+//! thread whose `try_wait` finds its phase open sleeps until some phase completes (a deadlock is
+//! reported, not spun on); `wgmma.mma_async` waits for its warpgroup's 128 threads and is
+//! computed then (`wgmma.wait_group` is a no-op: a read of the accumulators before it is not
+//! caught). Copies completing on an mbarrier (TMA, `cp.async` + `cp.async.mbarrier.arrive`) land
+//! at issue, or with `Limits::late_copies` only when their barrier is waited on: one misses a
+//! wait for the barrier that says a stage is free, the other a wait for the one that says it is
+//! full. Shared memory starts as NaN bytes; every access is bounds- and alignment-checked.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use half::{bf16, f16};
 
-use crate::op::{Base, Cmp, Op, Rnd, Ty, flag, mode};
+use crate::op::{Base, Cmp, Op, Rnd, Ty, flag, hop, mode};
 use crate::parse::{AddrBase, Function, Instr, Module, Opd, Space, Special};
 
 /// Generic addresses: window `addr >> 40`: 1 the module's `.global`/`.const` variables,
@@ -53,6 +60,11 @@ pub struct Limits {
     /// Warps take turns from the last one down (a write that should wait for another warp's
     /// reads then runs first).
     pub reverse: bool,
+    /// Copies completing on an mbarrier (TMA, `cp.async` with `cp.async.mbarrier.arrive`) land as
+    /// late as they may: when their barrier is waited on (a read that does not wait sees the old
+    /// bytes). Otherwise they land at issue (a copy issued before the readers of the old bytes
+    /// are done overwrites them first).
+    pub late_copies: bool,
 }
 
 impl Default for Limits {
@@ -62,6 +74,7 @@ impl Default for Limits {
             deadline: None,
             slice: u32::MAX,
             reverse: false,
+            late_copies: false,
         }
     }
 }
@@ -84,6 +97,54 @@ enum St {
     Bar(u32),
     /// At a warp-collective instruction.
     Warp,
+    /// At `mbarrier.try_wait` of a phase not yet complete, since this many phases of the block's
+    /// mbarriers completed: it tries again once another does.
+    Spin(u64),
+    /// At a warpgroup-collective instruction (`wgmma.mma_async`).
+    Wg,
+}
+
+/// An mbarrier (in the block's shared memory, at the offset it is keyed by).
+#[derive(Debug, Clone)]
+struct Mbar {
+    count: u32,
+    pending: u32,
+    /// Transaction bytes the current phase still waits for (negative: landed before expected).
+    tx: i64,
+    /// Phases completed.
+    phase: u64,
+}
+
+/// An asynchronous copy issued and not yet landed: it lands when a thread waits on its mbarrier
+/// (or when nothing else can run), as late as the GPU may land it, so a read that does not wait
+/// sees the bytes from before.
+enum Pending {
+    /// `cp.async.bulk.tensor` into `dst` of the box at `c`; completes its bytes on the mbarrier.
+    Tma {
+        bar: u64,
+        dst: u64,
+        tm: Tmap,
+        c: [i64; 5],
+        dims: usize,
+    },
+    /// A thread's `cp.async` copies, whose arrival (`cp.async.mbarrier.arrive`) already counted.
+    Copies { bar: u64, copies: Vec<Copy> },
+}
+
+/// A tensor map's fields as `tensormap.replace` set them (unset ones are zero, as in the zeroed
+/// object the fields go into); the object's bytes themselves are opaque.
+#[derive(Debug, Clone, Default)]
+struct Tmap {
+    address: u64,
+    rank: u32,
+    box_dim: [u32; 5],
+    global_dim: [u32; 5],
+    global_stride: [u64; 5],
+    element_stride: [u32; 5],
+    elemtype: u32,
+    interleave: u32,
+    swizzle: u32,
+    fill: u32,
 }
 
 struct Copy {
@@ -109,6 +170,15 @@ struct Mem<'a> {
     globals: Vec<u8>,
     shared: Vec<u8>,
     params: Vec<u8>,
+    /// The block's mbarriers by shared offset, and how many of their phases have completed.
+    mbars: HashMap<u64, Mbar>,
+    epoch: u64,
+    /// Tensor maps being built in shared memory (by offset), and those published to global
+    /// memory (by generic address, for every later block).
+    tmaps: HashMap<u64, Tmap>,
+    gtmaps: HashMap<u64, Tmap>,
+    /// Copies in flight, in issue order.
+    pending: Vec<Pending>,
 }
 
 type R<T> = Result<T, String>;
@@ -276,6 +346,11 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
         globals,
         shared: Vec::new(),
         params,
+        mbars: HashMap::new(),
+        epoch: 0,
+        tmaps: HashMap::new(),
+        gtmaps: HashMap::new(),
+        pending: Vec::new(),
     };
     let mut g = Grid {
         m: module,
@@ -293,6 +368,9 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
                 g.ctaid = [x, y, z];
                 mem.shared.clear();
                 mem.shared.resize(shared_bytes, 0xFF);
+                mem.mbars.clear();
+                mem.tmaps.clear();
+                mem.pending.clear();
                 g.block(&mut mem).map_err(|e| format!("block ({x}, {y}, {z}): {e}"))?;
             }
         }
@@ -321,6 +399,14 @@ impl Grid<'_> {
         let mut arrived = [0u32; 16];
         loop {
             let mut progress = false;
+            // Threads spinning on an mbarrier try again once a phase has completed since.
+            for t in threads.iter_mut() {
+                if let St::Spin(e) = t.st
+                    && e != mem.epoch
+                {
+                    t.st = St::Run;
+                }
+            }
             for k in 0..nwarps {
                 let w = if self.lim.reverse {
                     nwarps - 1 - (start + k) % nwarps
@@ -333,9 +419,18 @@ impl Grid<'_> {
             }
             start = (start + 1) % nwarps;
             if threads.iter().all(|t| t.st == St::Exited) {
-                return Ok(());
+                // Copies nobody waited for still land (their bytes are the block's to lose).
+                return self.land_pending(&threads[0], mem, None);
             }
             if self.release_barriers(&mut threads, &mut arrived)? {
+                continue;
+            }
+            if self.release_warpgroups(&mut threads, mem)? {
+                continue;
+            }
+            if !progress && !mem.pending.is_empty() {
+                // Nothing else can run: the copies in flight land.
+                self.land_pending(&threads[0], mem, None)?;
                 continue;
             }
             if !progress {
@@ -411,6 +506,366 @@ impl Grid<'_> {
         Ok(any)
     }
 
+    /// Run every `wgmma.mma_async` whose warpgroup (128 threads) has all arrived at it.
+    fn release_warpgroups(&mut self, threads: &mut [Thread], mem: &mut Mem) -> R<bool> {
+        let mut any = false;
+        let nt = threads.len();
+        for lo in (0..nt).step_by(128) {
+            let wg = &mut threads[lo..(lo + 128).min(nt)];
+            let Some(first) = wg.iter().position(|t| t.st == St::Wg) else {
+                continue;
+            };
+            let pc = wg[first].pc;
+            if wg.iter().any(|t| t.st == St::Exited) || wg.len() < 128 {
+                let line = self.f.instrs[pc as usize].line;
+                return Err(format!(
+                    "line {line}: `wgmma.mma_async` in a warpgroup whose threads are not all live (threads {}..{})",
+                    lo,
+                    lo + wg.len()
+                ));
+            }
+            if !wg.iter().all(|t| t.st == St::Wg) {
+                continue;
+            }
+            let ins = &self.f.instrs[pc as usize];
+            if wg.iter().any(|t| t.pc != pc) {
+                return Err(format!(
+                    "line {}: `{}` reached by a warpgroup's threads at different instructions",
+                    ins.line, ins.op.name
+                ));
+            }
+            self.wgmma(wg, ins, mem)
+                .map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op.name))?;
+            for t in wg.iter_mut() {
+                t.st = St::Run;
+                t.pc += 1;
+            }
+            any = true;
+        }
+        Ok(any)
+    }
+
+    /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`: D (64 x N, f32, in the 128 threads'
+    /// registers as `mma.sync` lays out 16 rows per warp) = scale-d * D + A (64 x 16) B (16 x N).
+    /// A from a shared-memory descriptor or from the threads' registers, B from a descriptor;
+    /// descriptors with the 128-byte swizzle, K-major or (imm-trans) MN-major. Computed when the
+    /// whole warpgroup has issued it (the products' operands are read then).
+    fn wgmma(&self, wg: &mut [Thread], ins: &Instr, mem: &Mem) -> R<()> {
+        let n = ins.op.shape[1] as usize;
+        let ity = ins.op.tys[1];
+        let a = &ins.args;
+        let Opd::Vec(dregs) = &a[0] else {
+            return Err("the accumulators are not a register list".into());
+        };
+        if dregs.len() != n / 2 {
+            return Err(format!("{} accumulator registers, m64n{n} takes {}", dregs.len(), n / 2));
+        }
+        let imm = |i: usize| -> R<i64> {
+            match a.get(i) {
+                Some(Opd::Int(v)) => Ok(*v),
+                _ => Err(format!("operand {} is not an immediate", i + 1)),
+            }
+        };
+        let a_regs = matches!(a[1], Opd::Vec(_));
+        let (scale_a, scale_b) = (imm(4)?, imm(5)?);
+        let (trans_a, trans_b) = if a_regs {
+            if a.len() != 7 {
+                return Err(format!("{} operands (7 with A in registers)", a.len()));
+            }
+            (0, imm(6)?)
+        } else {
+            if a.len() != 8 {
+                return Err(format!("{} operands (8 with A in shared memory)", a.len()));
+            }
+            (imm(6)?, imm(7)?)
+        };
+        // The element (mn, k) of an operand in shared memory: `mn` indexes M (A) or N (B), `k` the
+        // reduction. 128-byte swizzle: K-major rows of 128 bytes in 8-row atoms (SBO apart), or
+        // MN-major (trans) 128-byte rows along MN per k, 64-element column blocks LBO apart, 8-k
+        // atoms SBO apart; 16-byte chunks XOR-ed with the address's row in its 1024-byte atom. No
+        // swizzle: 8 x 8 core matrices of 128 contiguous bytes (rows of 16 bytes along K, or along
+        // MN where trans), LBO apart along K and SBO apart along MN.
+        let elem = |desc: u64, mn: usize, k: usize, trans: i64| -> R<f64> {
+            let start = (desc & 0x3FFF) << 4;
+            let lbo = ((desc >> 16) & 0x3FFF) << 4;
+            let sbo = ((desc >> 32) & 0x3FFF) << 4;
+            let (mn, k) = (mn as u64, k as u64);
+            let phys = match (desc >> 62, trans) {
+                (1, t) => {
+                    let logical = if t == 0 {
+                        start + (mn / 8) * sbo + (mn % 8) * 128 + k * 2
+                    } else {
+                        start + (mn / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + (mn % 64) * 2
+                    };
+                    logical ^ (((logical >> 7) & 7) << 4)
+                }
+                (0, 0) => start + (mn / 8) * sbo + (k / 8) * lbo + (mn % 8) * 16 + (k % 8) * 2,
+                (0, _) => start + (k / 8) * lbo + (mn / 8) * sbo + (k % 8) * 16 + (mn % 8) * 2,
+                (z, _) => {
+                    return Err(format!(
+                        "unsupported instruction `{}` (a descriptor with swizzle mode {z}: the 128-byte swizzle and none are modelled)",
+                        ins.op.name
+                    ));
+                }
+            };
+            let (_, off) = self.locate(mem, Space::Shared, phys, 2)?;
+            Ok(h2f(u16::from_le_bytes([mem.shared[off], mem.shared[off + 1]]) as u64, ity) as f64)
+        };
+        let desc_of = |i: usize| -> R<u64> { self.read(&wg[0], &a[i], Ty::B64, None) };
+        // A: 64 x 16.
+        let mut am = vec![0f64; 64 * 16];
+        if a_regs {
+            for (ti, t) in wg.iter().enumerate() {
+                let Opd::Vec(ar) = &a[1] else { unreachable!() };
+                if ar.len() != 4 {
+                    return Err(format!("{} A registers (4)", ar.len()));
+                }
+                let (w, g, q) = (ti / 32, (ti % 32) / 4, ti % 4);
+                for (j, r) in ar.iter().enumerate() {
+                    let v = self.read(t, r, Ty::B32, None)?;
+                    let row = 16 * w + g + 8 * (j % 2);
+                    let col = 2 * q + 8 * (j / 2);
+                    am[row * 16 + col] = h2f(v & 0xFFFF, ity) as f64;
+                    am[row * 16 + col + 1] = h2f(v >> 16 & 0xFFFF, ity) as f64;
+                }
+            }
+        } else {
+            let d = desc_of(1)?;
+            for row in 0..64 {
+                for k in 0..16 {
+                    am[row * 16 + k] = elem(d, row, k, trans_a)?;
+                }
+            }
+        }
+        // B: 16 x N.
+        let db = desc_of(2)?;
+        let mut bm = vec![0f64; 16 * n];
+        for k in 0..16 {
+            for col in 0..n {
+                bm[k * n + col] = elem(db, col, k, trans_b)?;
+            }
+        }
+        let (sa, sb) = (if scale_a < 0 { -1.0 } else { 1.0 }, if scale_b < 0 { -1.0 } else { 1.0 });
+        for (ti, t) in wg.iter_mut().enumerate() {
+            let keep = self.read(t, &a[3], Ty::Pred, None)? & 1 == 1;
+            let (w, g, q) = (ti / 32, (ti % 32) / 4, ti % 4);
+            for (i, r) in dregs.iter().enumerate() {
+                let (j, e) = (i / 4, i % 4);
+                let row = 16 * w + g + 8 * (e / 2);
+                let col = 8 * j + 2 * q + e % 2;
+                let mut acc = if keep {
+                    f32of(self.read(t, r, Ty::F32, None)?) as f64
+                } else {
+                    0.0
+                };
+                for k in 0..16 {
+                    acc += sa * am[row * 16 + k] * sb * bm[k * n + col];
+                }
+                Self::write(t, r, (acc as f32).to_bits() as u64)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The offset of an mbarrier (8 bytes of shared memory) at `addr`.
+    fn mbar_off(&self, mem: &Mem, addr: u64) -> R<u64> {
+        Ok(self.locate(mem, Space::Shared, addr, 8)?.1 as u64)
+    }
+
+    /// The mbarrier at `addr`.
+    fn mbar<'m>(&self, mem: &'m mut Mem, addr: u64) -> R<&'m mut Mbar> {
+        let off = self.mbar_off(mem, addr)?;
+        mem.mbars
+            .get_mut(&off)
+            .ok_or_else(|| format!("no mbarrier initialised at byte {off} of shared memory"))
+    }
+
+    /// One arrival (and `tx` more transaction bytes) on the mbarrier at `addr`; its phase
+    /// completes when every arrival and every byte is in.
+    fn mbar_arrive(&self, mem: &mut Mem, addr: u64, count: u32, tx: i64) -> R<()> {
+        let m = self.mbar(mem, addr)?;
+        m.tx += tx;
+        if count > m.pending {
+            return Err(format!(
+                "{count} arrival(s) on an mbarrier whose phase awaits {} (of {})",
+                m.pending, m.count
+            ));
+        }
+        m.pending -= count;
+        let off = self.mbar_off(mem, addr)?;
+        Self::mbar_settle(mem, off);
+        Ok(())
+    }
+
+    /// Complete the phase of the mbarrier at shared offset `off` if nothing is awaited.
+    fn mbar_settle(mem: &mut Mem, off: u64) {
+        if let Some(m) = mem.mbars.get_mut(&off)
+            && m.pending == 0
+            && m.tx == 0
+        {
+            m.phase += 1;
+            m.pending = m.count;
+            mem.epoch += 1;
+        }
+    }
+
+    /// `cp.async.bulk.tensor`: the box at the coordinates from global memory into shared memory
+    /// (elements outside the tensor as zeros, rows of 128 bytes swizzled), then the bytes
+    /// completed on the mbarrier.
+    fn tma_issue(&self, t: &Thread, ins: &Instr, mem: &mut Mem) -> R<()> {
+        let a = &ins.args;
+        let dims = ins.op.shape[0] as usize;
+        let dst = self.address(t, &a[0])?;
+        let Opd::Vec(mc) = &a[1] else {
+            return Err("expected [map, {coordinates}]".into());
+        };
+        let (Some(mo), Some(Opd::Vec(cs))) = (mc.first(), mc.get(1)) else {
+            return Err("expected [map, {coordinates}]".into());
+        };
+        let map_at = self.address(t, mo)?;
+        let bar = self.address(t, &a[2])?;
+        let tm = mem
+            .gtmaps
+            .get(&map_at)
+            .cloned()
+            .ok_or_else(|| format!("no tensor map at {map_at:#x} (tensormap.cp_fenceproxy puts one there)"))?;
+        if cs.len() != dims || tm.rank as usize + 1 != dims {
+            return Err(format!(
+                "{} coordinates for a {dims}-d copy of a map of rank {}",
+                cs.len(),
+                tm.rank + 1
+            ));
+        }
+        let esize: u64 = match tm.elemtype {
+            0 => 1,
+            1 | 6 | 10 => 2,
+            2 | 3 | 7 | 8 | 9 => 4,
+            4 | 5 => 8,
+            e => {
+                return Err(format!(
+                    "unsupported instruction `{}` (tensor map element type {e})",
+                    ins.op.name
+                ));
+            }
+        };
+        if tm.interleave != 0 || tm.fill != 0 || (0..dims).any(|d| tm.element_stride[d] != 1) {
+            return Err(format!(
+                "unsupported instruction `{}` (tensor maps without interleave, with zero fill and element strides of 1 are modelled)",
+                ins.op.name
+            ));
+        }
+        let row_bytes = tm.box_dim[0] as u64 * esize;
+        match tm.swizzle {
+            0 => {}
+            3 if row_bytes == 128 => {}
+            z => {
+                return Err(format!(
+                    "unsupported instruction `{}` (tensor map swizzle mode {z} with rows of {row_bytes} bytes: none, or 128 bytes with 128-byte rows, are modelled)",
+                    ins.op.name
+                ));
+            }
+        }
+        let mut c = [0i64; 5];
+        for (d, o) in cs.iter().enumerate() {
+            c[d] = self.read(t, o, Ty::S32, None)? as u32 as i32 as i64;
+        }
+        // Faults at issue, as on the GPU: the barrier, and the box's extent in shared memory.
+        let bar = self.mbar_off(mem, bar)?;
+        if !mem.mbars.contains_key(&bar) {
+            return Err(format!("no mbarrier initialised at byte {bar} of shared memory"));
+        }
+        let nbox: u64 = (0..dims).map(|d| tm.box_dim[d] as u64).product();
+        self.locate(mem, Space::Shared, dst, 16)?;
+        self.locate(mem, Space::Shared, (dst + nbox * esize).saturating_sub(16).max(dst), 16)?;
+        if self.lim.late_copies {
+            mem.pending.push(Pending::Tma { bar, dst, tm, c, dims });
+            Ok(())
+        } else {
+            self.tma_land(t, mem, bar, dst, &tm, &c, dims)
+        }
+    }
+
+    /// Land the copies in flight: those completing on the mbarrier at offset `bar`, or all.
+    fn land_pending(&self, t: &Thread, mem: &mut Mem, bar: Option<u64>) -> R<()> {
+        let all = std::mem::take(&mut mem.pending);
+        let (now, keep): (Vec<Pending>, Vec<Pending>) = all.into_iter().partition(|p| {
+            let b = match p {
+                Pending::Tma { bar, .. } | Pending::Copies { bar, .. } => *bar,
+            };
+            bar.is_none_or(|x| x == b)
+        });
+        mem.pending = keep;
+        for p in now {
+            match p {
+                Pending::Tma { bar, dst, tm, c, dims } => self.tma_land(t, mem, bar, dst, &tm, &c, dims)?,
+                Pending::Copies { copies, .. } => {
+                    let mut scratch = Thread {
+                        pc: 0,
+                        st: St::Run,
+                        regs: Vec::new(),
+                        local: Vec::new(),
+                        tid: [0; 3],
+                        linear: 0,
+                        open: Vec::new(),
+                        groups: VecDeque::new(),
+                    };
+                    land(copies, &mut scratch, mem)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn tma_land(&self, t: &Thread, mem: &mut Mem, bar: u64, dst: u64, tm: &Tmap, c: &[i64; 5], dims: usize) -> R<()> {
+        let esize: u64 = match tm.elemtype {
+            0 => 1,
+            1 | 6 | 10 => 2,
+            2 | 3 | 7 | 8 | 9 => 4,
+            _ => 8,
+        };
+        let row_bytes = tm.box_dim[0] as u64 * esize;
+        let nbox: u64 = (0..dims).map(|d| tm.box_dim[d] as u64).product();
+        let rows = nbox / tm.box_dim[0].max(1) as u64;
+        for r in 0..rows {
+            // The row's coordinates in dimensions 1.. (dimension 1 fastest).
+            let mut idx = [0i64; 5];
+            let mut rest = r;
+            for d in 1..dims {
+                idx[d] = c[d] + (rest % tm.box_dim[d] as u64) as i64;
+                rest /= tm.box_dim[d] as u64;
+            }
+            let inside_row = (1..dims).all(|d| idx[d] >= 0 && idx[d] < tm.global_dim[d] as i64);
+            for e in 0..tm.box_dim[0] as u64 {
+                let x = c[0] + e as i64;
+                let logical = dst + r * row_bytes + e * esize;
+                let phys = if tm.swizzle == 3 {
+                    logical ^ (((logical >> 7) & 7) << 4)
+                } else {
+                    logical
+                };
+                let v = if inside_row && x >= 0 && x < tm.global_dim[0] as i64 {
+                    let mut g = tm.address.wrapping_add(x as u64 * esize);
+                    for (i, stride) in idx[1..dims].iter().zip(&tm.global_stride) {
+                        g = g.wrapping_add(*i as u64 * stride);
+                    }
+                    self.load(t, mem, Space::Global, g, esize as usize)?
+                } else {
+                    0
+                };
+                let (_, off) = self.locate(mem, Space::Shared, phys, esize as usize)?;
+                mem.shared[off..off + esize as usize].copy_from_slice(&v.to_le_bytes()[..esize as usize]);
+            }
+        }
+        let m = mem
+            .mbars
+            .get_mut(&bar)
+            .ok_or_else(|| format!("no mbarrier initialised at byte {bar} of shared memory"))?;
+        m.tx -= (nbox * esize) as i64;
+        Self::mbar_settle(mem, bar);
+        Ok(())
+    }
+
     /// Run one warp for up to a slice of instructions. Returns whether anything ran.
     fn warp(&mut self, lanes: &mut [Thread], mem: &mut Mem, arrived: &mut [u32; 16]) -> R<bool> {
         let mut progress = false;
@@ -443,6 +898,17 @@ impl Grid<'_> {
                 return Err(format!("stopped at the time limit after {} thread-instructions", self.steps));
             }
             progress = true;
+            if ins.op.base == Base::Wgmma {
+                // A warpgroup collective: its lanes wait for the other warps of their warpgroup.
+                for i in &group {
+                    if self.guard(&lanes[*i], ins)? {
+                        lanes[*i].st = St::Wg;
+                    } else {
+                        lanes[*i].pc += 1;
+                    }
+                }
+                continue;
+            }
             if is_collective(&ins.op) {
                 // Lanes whose guard is false skip it.
                 let mut arriving = Vec::new();
@@ -1223,8 +1689,128 @@ impl Grid<'_> {
                 }
                 Self::write(t, arg(0)?, r as u64)?;
             }
-            Base::Ldmatrix | Base::Mma | Base::Shfl | Base::Vote | Base::Redux | Base::BarWarp => {
+            Base::Ldmatrix | Base::Mma | Base::Shfl | Base::Vote | Base::Redux | Base::BarWarp | Base::Wgmma => {
                 return Err("a collective outside the warp scheduler".into());
+            }
+            Base::Mbar => {
+                let at = if matches!(op.mode, hop::MB_INIT | hop::MB_EXPECT_TX | hop::MB_INVAL) {
+                    0
+                } else {
+                    1
+                };
+                let addr = self.address(t, arg(at)?)?;
+                match op.mode {
+                    hop::MB_INIT => {
+                        let count = self.read(t, arg(1)?, Ty::U32, None)? as u32;
+                        if count == 0 {
+                            return Err("an mbarrier initialised with a count of 0".into());
+                        }
+                        let off = self.mbar_off(mem, addr)?;
+                        mem.mbars.insert(
+                            off,
+                            Mbar {
+                                count,
+                                pending: count,
+                                tx: 0,
+                                phase: 0,
+                            },
+                        );
+                    }
+                    hop::MB_INVAL => {
+                        let off = self.mbar_off(mem, addr)?;
+                        mem.mbars.remove(&off);
+                    }
+                    hop::MB_EXPECT_TX => {
+                        let tx = self.read(t, arg(1)?, Ty::U32, None)? as i64;
+                        self.mbar_arrive(mem, addr, 0, tx)?;
+                    }
+                    hop::MB_ARRIVE | hop::MB_ARRIVE_TX => {
+                        let (count, tx) = if op.mode == hop::MB_ARRIVE_TX {
+                            (1, self.read(t, arg(2)?, Ty::U32, None)? as i64)
+                        } else {
+                            match a.get(2) {
+                                Some(o) => (self.read(t, o, Ty::U32, None)? as u32, 0),
+                                None => (1, 0),
+                            }
+                        };
+                        // The state token: the phase arrived on.
+                        let phase = self.mbar(mem, addr)?.phase;
+                        self.mbar_arrive(mem, addr, count, tx)?;
+                        Self::write(t, arg(0)?, phase)?;
+                    }
+                    _ => {
+                        // try_wait / test_wait.parity: whether the phase of that parity is over
+                        // (the current phase's parity is the count of completed ones mod 2).
+                        let parity = self.read(t, arg(2)?, Ty::U32, None)? & 1;
+                        // What is in flight on this barrier lands before the answer.
+                        let bar = self.mbar_off(mem, addr)?;
+                        self.land_pending(t, mem, Some(bar))?;
+                        let done = (self.mbar(mem, addr)?.phase & 1) != parity;
+                        if !done && op.mode == hop::MB_TRY_WAIT {
+                            t.st = St::Spin(mem.epoch);
+                            return Ok(());
+                        }
+                        Self::write(t, arg(0)?, done as u64)?;
+                    }
+                }
+            }
+            Base::CpAsyncMbar => {
+                // The arrival follows the thread's earlier copies: they are in flight on this
+                // barrier (landing when it is waited on) and the arrival counts now.
+                let addr = self.address(t, arg(0)?)?;
+                let bar = self.mbar_off(mem, addr)?;
+                let mut copies: Vec<Copy> = t.groups.drain(..).flatten().collect();
+                copies.append(&mut t.open);
+                if self.lim.late_copies {
+                    mem.pending.push(Pending::Copies { bar, copies });
+                } else {
+                    land(copies, t, mem)?;
+                }
+                // Without .noinc the pending count goes up by one first: no net change.
+                let count = if op.flags & hop::NOINC != 0 { 1 } else { 0 };
+                self.mbar_arrive(mem, addr, count, 0)?;
+            }
+            Base::Tma => self.tma_issue(t, ins, mem)?,
+            Base::TmapReplace => {
+                let addr = self.address(t, arg(0)?)?;
+                let off = self.locate(mem, Space::Shared, addr, 128)?.1 as u64;
+                let ordinal = matches!(
+                    op.mode,
+                    hop::TM_BOX_DIM | hop::TM_GLOBAL_DIM | hop::TM_GLOBAL_STRIDE | hop::TM_ELEMENT_STRIDE
+                );
+                let ord = if ordinal {
+                    self.read(t, arg(1)?, Ty::U32, None)? as usize
+                } else {
+                    0
+                };
+                if ord >= 5 {
+                    return Err(format!("tensor map ordinal {ord} (0 to 4)"));
+                }
+                let v = self.read(t, arg(if ordinal { 2 } else { 1 })?, Ty::B64, None)?;
+                let m = mem.tmaps.entry(off).or_default();
+                match op.mode {
+                    hop::TM_GLOBAL_ADDRESS => m.address = v,
+                    hop::TM_RANK => m.rank = v as u32,
+                    hop::TM_BOX_DIM => m.box_dim[ord] = v as u32,
+                    hop::TM_GLOBAL_DIM => m.global_dim[ord] = v as u32,
+                    hop::TM_GLOBAL_STRIDE => m.global_stride[ord] = v,
+                    hop::TM_ELEMENT_STRIDE => m.element_stride[ord] = v as u32,
+                    hop::TM_ELEMTYPE => m.elemtype = v as u32,
+                    hop::TM_INTERLEAVE => m.interleave = v as u32,
+                    hop::TM_SWIZZLE => m.swizzle = v as u32,
+                    _ => m.fill = v as u32,
+                }
+            }
+            Base::TmapCp => {
+                let g = self.address(t, arg(0)?)?;
+                let sa = self.address(t, arg(1)?)?;
+                let off = self.locate(mem, Space::Shared, sa, 128)?.1 as u64;
+                for i in 0..16 {
+                    let v = self.load(t, mem, Space::Shared, sa + 8 * i, 8)?;
+                    self.store(t, mem, Space::Global, g + 8 * i, 8, v)?;
+                }
+                let tm = mem.tmaps.get(&off).cloned().unwrap_or_default();
+                mem.gtmaps.insert(g, tm);
             }
             Base::Activemask => {
                 // The lanes running this instruction together are not known here; the warp's

@@ -7,9 +7,13 @@
 //! arithmetic and conversions with their rounding modes, predicates, loads and stores of every
 //! state space, atomics, barriers including named ones, shuffles, votes, `redux`), `cp.async`
 //! with its commit/wait groups, `ldmatrix` and `mma.sync` m16n8k8/m16n8k16 (row.col, f16/bf16
-//! inputs). Not covered: `wgmma`, TMA (`cp.async.bulk`), `mbarrier`, function calls, textures;
-//! such an instruction is parsed past and refused with a one-line reason when a thread reaches
-//! it, so a kernel's branches without them (a small-shape path beside a wgmma one) still run.
+//! inputs); Hopper's `mbarrier` (init, arrive with transaction bytes, try/test_wait by parity),
+//! `cp.async.mbarrier.arrive`, tiled TMA tensor loads (`cp.async.bulk.tensor`) through tensor
+//! maps built with `tensormap.replace` and published with `tensormap.cp_fenceproxy`, and
+//! `wgmma.mma_async` m64nNk16 (f16 / bf16 in, f32 accumulators; 128-byte swizzled or plain
+//! descriptors; A from shared memory or registers). Not covered: clusters and multicast,
+//! Blackwell's `tcgen05`, function calls, textures; such an instruction is parsed past and
+//! refused with a one-line reason when a thread reaches it.
 //!
 //! Numerics: f32 operations round as IEEE (with PTX's directed modes); approximate functions
 //! (`ex2.approx`, `rcp.approx`, ...) are computed exactly, i.e. at least as accurately as the GPU;

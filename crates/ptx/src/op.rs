@@ -146,7 +146,19 @@ pub enum Base {
     Mul24,
     Mad24,
     Sad,
-    /// An instruction outside the interpreted subset (wgmma, TMA, mbarrier, `call`, ...): parsed
+    /// `mbarrier.*` on a shared-memory barrier (mode: hop::MB_*).
+    Mbar,
+    /// `cp.async.mbarrier.arrive[.noinc]`: arrive once the thread's earlier `cp.async` copies land.
+    CpAsyncMbar,
+    /// `cp.async.bulk.tensor.<n>d` global to shared, completing on an mbarrier (shape[0] = n).
+    Tma,
+    /// `tensormap.replace.tile.<field>` (mode: hop::TM_*).
+    TmapReplace,
+    /// `tensormap.cp_fenceproxy`: a tensor map from shared to global memory.
+    TmapCp,
+    /// `wgmma.mma_async` (shape m, n, k; tys: D, A, B), a warpgroup collective.
+    Wgmma,
+    /// An instruction outside the interpreted subset (clusters, tcgen05, `call`, ...): parsed
     /// past, refused when a thread reaches it, so a kernel whose other branches use such
     /// instructions still runs the branches that do not.
     Unsupported,
@@ -221,6 +233,30 @@ pub mod mode {
     pub const SYNC: u8 = 1;
     pub const ARRIVE: u8 = 2;
     pub const RED: u8 = 3;
+}
+
+/// Hopper's asynchronous instructions: modes of `mbarrier.*` and fields of `tensormap.replace`.
+pub mod hop {
+    pub const MB_INIT: u8 = 1;
+    pub const MB_ARRIVE: u8 = 2;
+    /// `arrive.expect_tx`: add the transaction bytes, then arrive.
+    pub const MB_ARRIVE_TX: u8 = 3;
+    pub const MB_EXPECT_TX: u8 = 4;
+    pub const MB_TRY_WAIT: u8 = 5;
+    pub const MB_TEST_WAIT: u8 = 6;
+    pub const MB_INVAL: u8 = 7;
+    pub const TM_GLOBAL_ADDRESS: u8 = 1;
+    pub const TM_RANK: u8 = 2;
+    pub const TM_BOX_DIM: u8 = 3;
+    pub const TM_GLOBAL_DIM: u8 = 4;
+    pub const TM_GLOBAL_STRIDE: u8 = 5;
+    pub const TM_ELEMENT_STRIDE: u8 = 6;
+    pub const TM_ELEMTYPE: u8 = 7;
+    pub const TM_INTERLEAVE: u8 = 8;
+    pub const TM_SWIZZLE: u8 = 9;
+    pub const TM_FILL: u8 = 10;
+    /// `cp.async.mbarrier.arrive.noinc` (flags of CpAsyncMbar).
+    pub const NOINC: u32 = 1;
 }
 
 pub mod flag {
@@ -358,7 +394,122 @@ pub fn unsupported(name: &str) -> Op {
     }
 }
 
+/// Hopper's asynchronous instructions the interpreter runs (None: not one of their families).
+/// Their variants outside what it models (clusters, multicast, im2col, phases by state token,
+/// swizzles other than 128 bytes are checked at run time) are refused here.
+fn decode_hopper(name: &str) -> Result<Option<Op>, String> {
+    let p: Vec<&str> = name.split('.').collect();
+    let has = |m: &str| p.contains(&m);
+    let refuse = |why: &str| Err(format!("unsupported instruction `{name}` ({why})"));
+    let mk = |base: Base| {
+        let mut o = unsupported(name);
+        o.base = base;
+        o
+    };
+    let op = match (p[0], p.get(1).copied(), p.get(2).copied()) {
+        ("setmaxnreg", ..) => mk(Base::Nop),
+        ("wgmma", Some("fence" | "commit_group" | "wait_group"), _) => mk(Base::Nop),
+        ("wgmma", Some("mma_async"), _) => {
+            let mut o = mk(Base::Wgmma);
+            for m in &p[2..] {
+                if let Some(t) = Ty::parse(m) {
+                    o.tys.push(t);
+                } else if m.starts_with('m') && m.contains('n') && m.contains('k') {
+                    let v: Vec<u16> = m[1..].split(['n', 'k']).map(|x| x.parse().unwrap_or(0)).collect();
+                    if v.len() == 3 {
+                        o.shape = [v[0], v[1], v[2]];
+                    }
+                } else if !matches!(*m, "sync" | "aligned") {
+                    return refuse("a wgmma modifier the interpreter does not model");
+                }
+            }
+            let n = o.shape[1];
+            if o.shape[0] != 64 || o.shape[2] != 16 || n == 0 || n > 256 || n % 8 != 0 {
+                return refuse("wgmma shapes m64nNk16 only");
+            }
+            if !(o.tys.len() == 3 && o.tys[0] == Ty::F32 && o.tys[1] == o.tys[2] && matches!(o.tys[1], Ty::F16 | Ty::BF16)) {
+                return refuse("wgmma with f16 or bf16 inputs and f32 accumulators only");
+            }
+            o
+        }
+        ("mbarrier", Some(what), _) => {
+            if !(has("shared::cta") || has("shared")) || !has("b64") || has("shared::cluster") {
+                return refuse("mbarriers of the block's own shared memory only");
+            }
+            let mut o = mk(Base::Mbar);
+            o.mode = match what {
+                "init" => hop::MB_INIT,
+                "arrive" if has("expect_tx") => hop::MB_ARRIVE_TX,
+                "arrive" if !has("noComplete") => hop::MB_ARRIVE,
+                "expect_tx" => hop::MB_EXPECT_TX,
+                "try_wait" if has("parity") => hop::MB_TRY_WAIT,
+                "test_wait" if has("parity") => hop::MB_TEST_WAIT,
+                "inval" => hop::MB_INVAL,
+                _ => return refuse("mbarrier init, arrive[.expect_tx], expect_tx, try_wait/test_wait.parity and inval only"),
+            };
+            o
+        }
+        ("cp", Some("async"), Some("mbarrier")) => {
+            let mut o = mk(Base::CpAsyncMbar);
+            if has("noinc") {
+                o.flags |= hop::NOINC;
+            }
+            o
+        }
+        ("cp", Some("async"), Some("bulk")) => match p.get(3).copied() {
+            Some("commit_group" | "wait_group") => mk(Base::Nop),
+            Some("tensor") => {
+                let dims = p.get(4).and_then(|d| d.strip_suffix('d')).and_then(|d| d.parse::<u16>().ok());
+                let Some(dims @ 1..=5) = dims else {
+                    return refuse("tensor copies of 1 to 5 dimensions");
+                };
+                if !(has("shared::cluster") && has("global") && has("tile") && has("mbarrier::complete_tx::bytes"))
+                    || has("multicast::cluster")
+                    || has("L2::cache_hint")
+                {
+                    return refuse("tiled tensor loads to the block's shared memory completing on an mbarrier only");
+                }
+                let mut o = mk(Base::Tma);
+                o.shape[0] = dims;
+                o
+            }
+            _ => return refuse("bulk copies other than tensor loads"),
+        },
+        ("tensormap", Some("replace"), Some("tile")) => {
+            let mut o = mk(Base::TmapReplace);
+            o.mode = match p.get(3).copied() {
+                Some("global_address") => hop::TM_GLOBAL_ADDRESS,
+                Some("rank") => hop::TM_RANK,
+                Some("box_dim") => hop::TM_BOX_DIM,
+                Some("global_dim") => hop::TM_GLOBAL_DIM,
+                Some("global_stride") => hop::TM_GLOBAL_STRIDE,
+                Some("element_stride") => hop::TM_ELEMENT_STRIDE,
+                Some("elemtype") => hop::TM_ELEMTYPE,
+                Some("interleave_layout") => hop::TM_INTERLEAVE,
+                Some("swizzle_mode") => hop::TM_SWIZZLE,
+                Some("fill_mode") => hop::TM_FILL,
+                _ => return refuse("a tensor-map field the interpreter does not model"),
+            };
+            if !has("shared::cta") {
+                return refuse("tensor maps replaced in shared memory only");
+            }
+            o
+        }
+        ("tensormap", Some("cp_fenceproxy"), _) => {
+            if !(has("global") && has("shared::cta")) {
+                return refuse("tensor maps copied from shared to global memory only");
+            }
+            mk(Base::TmapCp)
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(op))
+}
+
 pub fn decode_op(name: &str) -> Result<Op, String> {
+    if let Some(op) = decode_hopper(name)? {
+        return Ok(op);
+    }
     let mut parts = name.split('.');
     let b = parts.next().unwrap_or("");
     let mut rest: Vec<&str> = parts.collect();
@@ -452,7 +603,7 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
         "sad" => Base::Sad,
         _ => {
             return Err(format!(
-                "unsupported instruction `{name}` (the interpreter covers the SIMT subset, mma.sync and ldmatrix; not wgmma, TMA, mbarrier or calls)"
+                "unsupported instruction `{name}` (the interpreter covers the SIMT subset, mma.sync, ldmatrix, mbarriers, TMA tensor loads and wgmma; not clusters, tcgen05 or calls)"
             ));
         }
     };
@@ -571,6 +722,13 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
 pub fn min_operands(op: &Op) -> usize {
     match op.base {
         Base::Ret | Base::Exit | Base::Nop | Base::CpAsyncCommit | Base::CpAsyncWaitAll | Base::Unsupported => 0,
+        Base::CpAsyncMbar => 1,
+        Base::Mbar if matches!(op.mode, hop::MB_INVAL) => 1,
+        Base::Mbar if matches!(op.mode, hop::MB_INIT | hop::MB_ARRIVE | hop::MB_EXPECT_TX) => 2,
+        Base::Mbar => 3,
+        Base::TmapReplace => 2,
+        Base::TmapCp | Base::Tma => 3,
+        Base::Wgmma => 6,
         Base::Bra | Base::Bar | Base::BarWarp | Base::CpAsyncWait | Base::Activemask => 1,
         Base::Mov | Base::Ld | Base::St | Base::Cvta | Base::Ldmatrix | Base::Red => 2,
         Base::Cvt if matches!(op.ty, Ty::F16x2 | Ty::BF16x2) => 3,

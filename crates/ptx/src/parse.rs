@@ -798,6 +798,15 @@ fn parse_operand(p: &mut P, cx: &mut FnCtx, ii: usize, ai: usize) -> Result<Opd,
                     }
                     neg = false;
                 }
+                Some(Tok::P(',')) => {
+                    // `[map, {c0, c1, ...}]` (a tensor copy's map and coordinates): the address,
+                    // then the list.
+                    let coords = parse_operand(p, cx, ii, ai)?;
+                    if !p.eat_p(']') {
+                        return Err(format!("line {line}: expected `]` after a tensor copy's coordinates"));
+                    }
+                    return Ok(Opd::Vec(vec![Opd::Addr(base, off), coords]));
+                }
                 t => return Err(format!("line {line}: unexpected {t:?} in an address")),
             }
         }

@@ -295,8 +295,11 @@ fn faults_and_hangs_are_reported_in_one_line() {
     // A barrier waiting for 64 threads in a block of 32.
     let e = one_thread("\tbar.sync 0, 64;", regs).unwrap_err();
     assert!(e.contains("deadlock"), "{e}");
-    let e = one_thread("\twgmma.fence.sync.aligned;", regs).unwrap_err();
-    assert!(e.contains("unsupported instruction `wgmma.fence.sync.aligned`"), "{e}");
+    let e = one_thread("\ttcgen05.fence::after_thread_sync;", regs).unwrap_err();
+    assert!(
+        e.contains("unsupported instruction `tcgen05.fence::after_thread_sync`"),
+        "{e}"
+    );
     // Inline assembly is not checked by NVRTC for a virtual architecture: malformed operands
     // are refused, never a panic.
     let e = one_thread("\tshfl.sync.bfly.b32 %rd2, %rd3;", regs).unwrap_err();
@@ -309,20 +312,21 @@ fn faults_and_hangs_are_reported_in_one_line() {
 #[test]
 fn an_unsupported_instruction_is_refused_only_where_a_thread_reaches_it() {
     let regs = "\t.reg .b64 %rd<4>;\n\t.reg .b32 %r<4>;\n\t.reg .pred %p<2>;";
-    // A branch no thread takes holds wgmma, an mbarrier and a TMA copy (with braces and an
-    // address among their operands): the kernel runs, and its store lands.
+    // A branch no thread takes holds instructions outside the model (Blackwell's tcgen05, a
+    // cluster-scope mbarrier, a multicast TMA copy with braces and an address among its
+    // operands): the kernel runs, and its store lands.
     let body = "\tmov.u32 %r1, 7;\n\tsetp.eq.u32 %p1, %r1, 7;\n\t@%p1 bra DONE;\n\
-                \tmbarrier.init.shared::cta.b64 [%r1], %r2;\n\
-                \twgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%r1, %r2, %r3, %r1}, %rd2, %rd3, 1, 1, 1, 0, 0;\n\
-                \tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%r1], [%rd2, {%r2, %r3}], [%r1];\n\
+                \ttcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%r1], 32;\n\
+                \tmbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r1];\n\
+                \tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%r1], [%rd2, {%r2, %r3}], [%r1], %r2;\n\
                 DONE:\n\tst.global.u32 [%rd1], %r1;";
     one_thread(body, regs).unwrap();
     // Where a thread reaches one, the run stops there with the line and the reason.
     let body = "\tmov.u32 %r1, 7;\n\tsetp.eq.u32 %p1, %r1, 8;\n\t@%p1 bra DONE;\n\
-                \tmbarrier.init.shared::cta.b64 [%r1], %r2;\nDONE:\n\tret;";
+                \ttcgen05.fence::before_thread_sync;\nDONE:\n\tret;";
     let e = one_thread(body, regs).unwrap_err();
     assert!(
-        e.contains("`mbarrier.init.shared::cta.b64`: unsupported instruction `mbarrier.init.shared::cta.b64` ("),
+        e.contains("`tcgen05.fence::before_thread_sync`: unsupported instruction `tcgen05.fence::before_thread_sync` ("),
         "{e}"
     );
     assert!(e.contains("line "), "{e}");
@@ -386,4 +390,59 @@ fn conversions_round_as_ptx_says() {
     assert_eq!(f32at(24), 1.0f32.next_up());
     assert_eq!(i32at(28) as u32, 0x01020304);
     assert_eq!(i32at(32) as u32, 0x08070605, "bytes 7, 6, 5, 4 of (b, a)");
+}
+
+/// 64 threads: thread 0 initialises an mbarrier for `count` arrivals, each thread arrives, then
+/// spins on phase 0 (try_wait.parity) and writes 1.
+fn mbar_kernel(count: u32) -> Result<Vec<f32>, String> {
+    let src = format!(
+        r#"{HEAD}
+.visible .entry k(.param .u64 p0)
+{{
+	.shared .align 8 .b8 bar[8];
+	.reg .pred %p<3>;
+	.reg .b32 %r<6>;
+	.reg .f32 %f<2>;
+	.reg .b64 %rd<5>;
+	ld.param.u64 %rd1, [p0];
+	mov.u32 %r1, %tid.x;
+	mov.u32 %r2, bar;
+	setp.ne.s32 %p1, %r1, 0;
+	@%p1 bra AFTER;
+	mov.u32 %r3, {count};
+	mbarrier.init.shared::cta.b64 [%r2], %r3;
+AFTER:
+	bar.sync 0;
+	mbarrier.arrive.shared::cta.b64 _, [%r2];
+	mov.u32 %r4, 0;
+WAIT:
+	mbarrier.try_wait.parity.shared::cta.b64 %p2, [%r2], %r4;
+	@!%p2 bra WAIT;
+	cvta.to.global.u64 %rd2, %rd1;
+	mul.wide.u32 %rd3, %r1, 4;
+	add.s64 %rd4, %rd2, %rd3;
+	mov.f32 %f1, 0f3F800000;
+	st.global.f32 [%rd4], %f1;
+	ret;
+}}
+"#
+    );
+    let m = load(&src)?;
+    let mut bufs = vec![vec![0u8; 64 * 4]];
+    run(&m, &launch("k", 1, 64), &[Arg::Buffer(0)], &mut bufs, &Limits::default())?;
+    Ok(floats(&bufs[0]))
+}
+
+#[test]
+fn an_mbarrier_phase_completes_on_its_last_arrival_and_a_short_one_is_a_deadlock() {
+    // Every thread's arrival completes phase 0: every waiter gets through.
+    assert_eq!(mbar_kernel(64).unwrap(), vec![1.0; 64]);
+    // One arrival short: the waiters spin on a phase that never completes, reported as a
+    // deadlock (not a hang).
+    let e = mbar_kernel(65).unwrap_err();
+    assert!(e.contains("deadlock") && e.contains("Spin"), "{e}");
+    // Twice the arrivals a phase awaits: phases 0 and 1 complete, and parity 0 now names phase
+    // 2, which never does (as on the GPU, a waiter two phases behind waits on).
+    let e = mbar_kernel(32).unwrap_err();
+    assert!(e.contains("deadlock"), "{e}");
 }

@@ -77,8 +77,8 @@
 // configurations above, faster at 5,16,1,513,128 and 3,32,32,777,64) where that width pads L to at most 90%
 // of the keys BLOCK_N pads it to; the tiled body is a template of (key-tile width, stages, KVS) instantiated
 // for each, and the launch's shared memory covers the largest. Both are checked by the PTX interpreter
-// (small_rows; `ksearch kb emulate`) and compile for sm_90a, but neither has been timed on a GPU as written
-// here, so both default to 0 (bench/README.md has the commands that will time them). With both 0 the PTX
+// (`ksearch kb emulate`, which runs the wgmma / TMA / mbarrier path too) and compile for sm_90a, but neither
+// has been timed on a GPU as written here, so both default to 0 (bench/README.md has the commands that will time them). With both 0 the PTX
 // is byte for byte the build measured before they existed (every head size, TMA 0 / 1, the MLX unit,
 // QO_LHD, other tile widths), so the figures above stand.
 // RS=1 (not a tunable: correct on the H200, 2026-12-05, but no faster than without it): a warp moves its rows' running maxima only
