@@ -754,6 +754,13 @@ impl Grid<'_> {
                 ins.op.name
             ));
         }
+        if let Some(d) = (0..dims).find(|d| !(1..=256).contains(&tm.box_dim[*d])) {
+            // The GPU refuses such a map (boxDim is 1 to 256 in every dimension).
+            return Err(format!(
+                "a tensor map whose box is {} elements in dimension {d} (1 to 256)",
+                tm.box_dim[d]
+            ));
+        }
         let row_bytes = tm.box_dim[0] as u64 * esize;
         match tm.swizzle {
             0 => {}
