@@ -375,7 +375,8 @@ fn harmless(s: &str) -> bool {
 }
 
 /// Decode `base.mod.mod...`.
-/// An instruction outside the interpreted subset, named as written; `decode_op(name)` says why.
+/// An instruction outside the interpreted subset, named as written (`decode_op(name)` says why);
+/// also the blank every decoded instruction starts from.
 pub fn unsupported(name: &str) -> Op {
     Op {
         base: Base::Unsupported,
@@ -609,18 +610,7 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
     };
     let mut op = Op {
         base,
-        ty: Ty::None,
-        ty2: Ty::None,
-        tys: Vec::new(),
-        cmp: Cmp::None,
-        rnd: Rnd::Default,
-        space: Space::Generic,
-        vec: 1,
-        mode: mode::NONE,
-        bop: mode::NONE,
-        flags: 0,
-        shape: [0; 3],
-        name: name.to_string(),
+        ..unsupported(name)
     };
     let mut layouts = 0;
     for m in rest {
