@@ -42,13 +42,15 @@ if ((${#apt_pkgs[@]})); then
 fi
 # The test environment: MLX (CPU back-end) with mlx-lm and pytest (scripts/mlx-venv.sh), pip's
 # NVRTC and CUDA headers (scripts/nvrtc-env.sh), Playwright for the browser check (it drives
-# Debian's Chromium; its own browser download is not used).
+# Debian's Chromium; its own browser download is not used), pip's cuobjdump and nvdisasm.
 say "test environment: MLX, NVRTC, Playwright (in the background; log $LOGS/python.log)"
 (
     set -e
     py=$(bash scripts/mlx-venv.sh)
     cu13=$(PYTHON=$py bash scripts/nvrtc-env.sh)
     "$py" -m pip install -q --disable-pip-version-check playwright==1.65.2
+    # cuobjdump and nvdisasm for bench/sass_census.py's test (the machine code of an NVRTC build)
+    "$py" -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
     printf '%s\n%s\n' "$py" "$cu13" >"$LOGS/python.env"
 ) >"$LOGS/python.log" 2>&1 &
 py_pid=$!

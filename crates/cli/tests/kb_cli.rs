@@ -508,15 +508,61 @@ fn emulate_catches_a_cuda_kernel_that_reads_before_its_copies_land_or_its_barrie
 }
 
 #[test]
+fn emulate_runs_warp_scan_with_cm_folded_in_and_catches_a_lost_handoff() {
+    if !nvrtc_here() {
+        return;
+    }
+    // CQ=1 at K 16 (the 128-register build it is for) on three chunks of 512 steps and a ragged
+    // tail, with 13 channels (a partial block): every element of y and the final state checked.
+    let run = |file: Option<&std::path::Path>| {
+        let mut cmd = ksearch();
+        cmd.arg("--tasks-dir").arg(tasks_dir()).args([
+            "kb",
+            "emulate",
+            "mamba_scan",
+            "--backend",
+            "cuda",
+            "--kernel",
+            "warp_scan",
+            "-D",
+            "CQ=1",
+            "-D",
+            "K=16",
+            "-D",
+            "RT=1",
+            "--workload",
+            "batch=1,L=1100,D=13,N=16",
+        ]);
+        if let Some(f) = file {
+            cmd.arg("--file").arg(f);
+        }
+        out(&mut cmd)
+    };
+    let (code, stdout, stderr) = run(None);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.starts_with("ok   warp_scan") && stdout.contains("CQ=1"), "{stdout}");
+    // Lane 0 forgetting the state entering the chunk: wrong from the second chunk on.
+    let src = std::fs::read_to_string(tasks_dir().join("mamba_scan/cuda/warp_scan.cu")).unwrap();
+    let handoff = "if (lane == 0) hin = hc;";
+    assert!(src.contains(handoff), "warp_scan.cu changed");
+    let dir = tempfile::tempdir().unwrap();
+    let lost = dir.path().join("lost.cu");
+    std::fs::write(&lost, src.replace(handoff, "if (lane == 0) hin = 0.f;")).unwrap();
+    let (code, stdout, _) = run(Some(&lost));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.starts_with("FAIL warp_scan"), "{stdout}");
+}
+
+#[test]
 fn emulate_each_value_runs_every_tunable_value_of_the_scan_and_attention_kernels() {
     if !nvrtc_here() {
         return;
     }
     // Every value the search may pick, each alone beside the defaults, on ragged multi-chunk
-    // shapes: K 16 with CB 6 or 12 (rounds that do not divide a chunk), RT, P2, SP, BF, MW.
+    // shapes: K 16 with CB 6 or 12 (rounds that do not divide a chunk), RT, P2, SP, BF, MW, CQ.
     // flash_ws: every tile width, stage count, KVS, TMA 0 / 1, PP, CTAS, WIDE and SMALL_L value.
     for (task, kernel, at_least) in [
-        ("mamba_scan", "warp_scan", 40),
+        ("mamba_scan", "warp_scan", 48),
         ("attention", "flash", 16),
         ("attention", "flash_ws", 40),
     ] {

@@ -111,7 +111,7 @@
 #define KVS 0
 #endif
 #ifndef SMALL_L
-#define SMALL_L 32
+#define SMALL_L 0
 #endif
 #ifndef WIDE
 #define WIDE 0

@@ -45,7 +45,14 @@
 // decay products, K independent FMAs; 1: it runs the recurrence again from the entering state, one
 // dependent FMA per step, the lane's decay product from its summed delta: fewer instructions and
 // registers, a longer chain), MW (warps per SM the register allocation must allow: 16 gives 128
-// registers, 24 gives 80), RT (rotated instead of padded (Bm, Cm) rows).
+// registers, 24 gives 80), RT (rotated instead of padded (Bm, Cm) rows), CQ (Cm folded into the first
+// pass: y takes Cm . hl there and keeps q_k = Cm_k P_k for the second, y_k += q_k h_in, so a state in
+// flight holds K registers instead of 2 K; the state entering a lane is the lane before's end state,
+// one shuffle instead of two. One multiply more per step and state. In the machine code (NVRTC 13,
+// bench/sass_census.py) K 16 / RT 1 fits 128 registers with SP 4 without spilling either way, but
+// without CQ ptxas serialises it to get there: its one-warp schedule of a chunk's unrolled body is 7785
+// cycles against 5883 with CQ (K 8 at the defaults: 3044 for half the steps); at 168 registers (CB 12),
+// 5765 against 4429. Not yet timed on a GPU: the default stays 0).
 // Measured on the H200 (2026-12-04, bench/h200-2026-12-04-scan-warp-2.txt): the defaults stay the
 // best single configuration; MW 24 with P2 1 takes d_inner 3072 (1,024 x 3,072 channels, 1.45 waves
 // at 16 warps per SM) into one wave, 42.0 us against 44.0; K 16, CB 12, RT 1 takes d_inner 1536 to
@@ -89,6 +96,9 @@
 #ifndef RT
 #define RT 0
 #endif
+#ifndef CQ
+#define CQ 0
+#endif
 #define T (32 * K)                     // steps per chunk
 #define NTH (32 * CB)                  // threads per block
 #define BW (BF ? 2 * K : K)            // 32-bit words of a lane's (Bm, Cm): f16 pairs, or f32 pairs (BF=1)
@@ -124,6 +134,12 @@
 #endif
 #if RT != 0 && RT != 1
 #error "RT must be 0 or 1"
+#endif
+#if CQ != 0 && CQ != 1
+#error "CQ must be 0 or 1"
+#endif
+#if CQ && P2
+#error "CQ folds Cm into the first pass of P2 0: not with P2 1"
 #endif
 #define MINB (MW / CB > 0 ? MW / CB : 1)  // blocks per SM the register allocation must allow
 #if NS != 8 && NS != 16
@@ -379,6 +395,8 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
             // interleave in the instruction stream
 #if P2
             float ev[SP][K], xv[SP][K];  // each step's decay and input, for the second pass's recurrence
+#elif CQ
+            float qv[SP][K];  // Cm times each step's decay product: y's share of the entering state
 #else
             float hl[SP][K], pp[SP][K];  // each step's state from zero and decay product
 #endif
@@ -414,6 +432,21 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
                     H[s] = i == 0 ? xv[s][0] : fmaf(ev[s][i], H[s], xv[s][i]);
                 }
                 P[s] = ex2(sdl * a2n);
+#elif CQ
+                // the lane's K steps from zero; y takes Cm . hl now, and keeps Cm . P_i for the entering state:
+                // h_i = P_i h_in + hl_i, so Cm_i h_i = Cm_i hl_i + (Cm_i P_i) h_in
+                float hs = 0.f, ps = 1.f;
+#pragma unroll
+                for (int i = 0; i < K; i++) {
+                    const float e = ex2(dl[i] * a2n);
+                    const float x = du[i] * bv[s][i];
+                    hs = i == 0 ? x : fmaf(e, hs, x);
+                    ps = i == 0 ? e : ps * e;
+                    yk[i] = fmaf(cv[s][i], hs, yk[i]);
+                    qv[s][i] = cv[s][i] * ps;
+                }
+                P[s] = ps;
+                H[s] = hs;
 #else
                 // the lane's K steps from zero: hl_i and the decay product P_i
 #pragma unroll
@@ -440,6 +473,19 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
                 }
             }
             float hout[SP];
+#if CQ
+#pragma unroll
+            for (int s = 0; s < SP; s++) {
+                // each lane's state at the end of its steps (lanes 0..lane's map applied to the state entering
+                // the chunk), handed one lane up: the state entering the next lane's steps (one shuffle)
+                const float hc = sm.hc[c][n0 + s];
+                hout[s] = fmaf(P[s], hc, H[s]);
+                float hin = __shfl_up_sync(0xffffffffu, hout[s], 1);
+                if (lane == 0) hin = hc;
+#pragma unroll
+                for (int i = 0; i < K; i++) yk[i] = fmaf(qv[s][i], hin, yk[i]);
+            }
+#else
 #pragma unroll
             for (int s = 0; s < SP; s++) {
                 // the map of the lanes before this one, applied to the state entering the chunk
@@ -467,6 +513,7 @@ extern "C" __global__ void __launch_bounds__(NTH, MINB) mamba_scan(
 #endif
                 hout[s] = h;
             }
+#endif
             __syncwarp();  // every lane has read the entering states
             if (lane == 31) {
 #pragma unroll
