@@ -393,6 +393,55 @@ fn emulate_runs_flash_ws_short_calls_beside_its_wgmma_path() {
 }
 
 #[test]
+fn emulate_runs_flash_ws_with_software_exponentials_and_catches_a_broken_one() {
+    if !nvrtc_here() {
+        return;
+    }
+    // EMU=3: 3 of every 8 key chunks' exponentials by the polynomial, on both units, under the
+    // causal mask (keys past the diagonal are -inf) and on a ragged tail.
+    let run = |backend: &str, file: Option<&std::path::Path>| {
+        let mut cmd = ksearch();
+        cmd.arg("--tasks-dir").arg(tasks_dir()).args([
+            "kb",
+            "emulate",
+            "attention",
+            "--backend",
+            backend,
+            "--kernel",
+            "flash_ws",
+            "-D",
+            "EMU=3",
+        ]);
+        cmd.args(["--workload", "B=1,H=2,Hkv=1,L=200,D=128,causal=1"])
+            .args(["--workload", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"]);
+        if let Some(f) = file {
+            cmd.arg("--file").arg(f);
+        }
+        out(&mut cmd)
+    };
+    for backend in ["cuda", "mlx-cuda"] {
+        let (code, stdout, stderr) = run(backend, None);
+        assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
+        assert!(stdout.contains(": 0 failed, 0 skipped"), "{backend}: {stdout}");
+    }
+    // Without the clamp that keeps 2^x of a masked key a normal number: its exponent wraps.
+    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
+    let clamp = "x = fmaxf(x, -125.f);";
+    assert!(src.contains(clamp), "flash_ws.cu changed");
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("noclamp.cu");
+    std::fs::write(&broken, src.replace(clamp, "")).unwrap();
+    let (code, stdout, _) = run("cuda", Some(&broken));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("FAIL flash_ws") && l.contains("causal=1")),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn emulate_catches_a_hopper_kernel_missing_a_barrier_wait_or_its_swizzle() {
     if !nvrtc_here() {
         return;
@@ -560,7 +609,7 @@ fn emulate_each_value_runs_every_tunable_value_of_the_scan_and_attention_kernels
     }
     // Every value the search may pick, each alone beside the defaults, on ragged multi-chunk
     // shapes: K 16 with CB 6 or 12 (rounds that do not divide a chunk), RT, P2, SP, BF, MW, CQ.
-    // flash_ws: every tile width, stage count, KVS, TMA 0 / 1, PP, CTAS, WIDE and SMALL_L value.
+    // flash_ws: every tile width, stage count, KVS, TMA 0 / 1, PP, CTAS, WIDE, SMALL_L and EMU value.
     for (task, kernel, at_least) in [
         ("mamba_scan", "warp_scan", 48),
         ("attention", "flash", 16),

@@ -81,6 +81,14 @@
 // has been timed on a GPU as written here, so both default to 0 (bench/README.md has the commands that will time them). With both 0 the PTX
 // is byte for byte the build measured before they existed (every head size, TMA 0 / 1, the MLX unit,
 // QO_LHD, other tile widths), so the figures above stand.
+// EMU (a tunable: 0-3): the exponentials of EMU of every 8 n8 key chunks of the softmax computed on the FMA
+// and integer pipes (ex2_fma below: Cody-Waite rounding, a degree-3 polynomial, the exponent added as an
+// integer), the rest on MUFU, after FlashAttention-4's software exp2. MUFU gives 16 results a cycle per SM,
+// so a consumer thread's 64 exponentials of a 128-key tile hold its sub-partition's MUFU for 512 cycles,
+// most of a warp's softmax: in NVRTC 13's machine code (bench/sass_census.py) the softmax block's one-warp
+// schedule is 769 cycles at EMU 0, 749 at EMU 1 and 2, 793 at 3 (each software exponential is seven or
+// eight instructions the warp issues itself). Checked by the PTX interpreter (masked keys, ragged tails,
+// both units), not yet timed: the default stays 0, whose build is byte for byte the one measured before.
 // RS=1 (not a tunable: correct on the H200, 2026-12-05, but no faster than without it): a warp moves its rows' running maxima only
 // where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
 // Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread
@@ -121,6 +129,12 @@
 #endif
 #if KVS != 0 && KVS != 1
 #error "KVS must be 0 or 1"
+#endif
+#ifndef EMU
+#define EMU 0
+#endif
+#if EMU < 0 || EMU > 3
+#error "EMU must be 0, 1, 2 or 3"
 #endif
 #ifndef PREG
 #define PREG 48
@@ -192,6 +206,20 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     return r;
 }
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+// 2^x for x <= 0 on the FMA and integer pipes instead of MUFU (EMU): x clamped at -125 (masked keys'
+// -inf give 2^-125, 0 in f16 and nothing in an f32 row sum), n = round(x) from the low mantissa bits of
+// x + 1.5 * 2^23, 2^(x - n) by a degree-3 polynomial on [-0.5, 0.5] (relative error 7.5e-5, fitted here for
+// relative error; below f16's rounding of P), n added to its exponent. Seven or eight instructions, no MUFU.
+__device__ __forceinline__ float ex2_fma(float x) {
+    x = fmaxf(x, -125.f);
+    const float j = __fadd_rn(x, 12582912.f);
+    const float f = __fsub_rn(x, __fsub_rn(j, 12582912.f));
+    const float p = fmaf(fmaf(fmaf(0.05517151206731796f, f, 0.24261097609996796f), f, 0.6932609677314758f), f,
+                         0.9999280571937561f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
+}
+// The softmax's exponentials of n8 chunk cc: EMU chunks of every 8 on the FMA pipe, the rest on MUFU.
+#define EX2C(cc, x) ((cc) % 8 < EMU ? ex2_fma(x) : ex2(x))
 
 __device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
@@ -744,10 +772,10 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
             for (int cc = 0; cc < BN / 8; cc++) {
-                s[4 * cc] = ex2(fmaf(s[4 * cc], sl2, -mn0));
-                s[4 * cc + 1] = ex2(fmaf(s[4 * cc + 1], sl2, -mn0));
-                s[4 * cc + 2] = ex2(fmaf(s[4 * cc + 2], sl2, -mn1));
-                s[4 * cc + 3] = ex2(fmaf(s[4 * cc + 3], sl2, -mn1));
+                s[4 * cc] = EX2C(cc, fmaf(s[4 * cc], sl2, -mn0));
+                s[4 * cc + 1] = EX2C(cc, fmaf(s[4 * cc + 1], sl2, -mn0));
+                s[4 * cc + 2] = EX2C(cc, fmaf(s[4 * cc + 2], sl2, -mn1));
+                s[4 * cc + 3] = EX2C(cc, fmaf(s[4 * cc + 3], sl2, -mn1));
                 ls0 += s[4 * cc] + s[4 * cc + 1];
                 ls1 += s[4 * cc + 2] + s[4 * cc + 3];
             }
