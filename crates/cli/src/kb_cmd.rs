@@ -64,7 +64,9 @@ pub enum KbCmd {
     /// child process with a time limit, an address-space limit and (Linux) a seccomp filter.
     /// CUDA (`--backend cuda`): NVRTC's PTX of the build the CUDA back-end makes, run by a PTX
     /// interpreter (warps, divergence, barriers, shuffles, cp.async groups, ldmatrix, mma.sync,
-    /// mbarriers, TMA tensor loads, wgmma; every access bounds-checked).
+    /// mbarriers, TMA tensor loads, wgmma; every access bounds-checked). Exit status: 0 when
+    /// every run passed, 1 when one failed, 2 for a bad flag (a tunable value the task does not
+    /// list included) or when no run was admitted (each skip names the constraint it breaks).
     Emulate {
         /// The task (a name under the tasks folder).
         task: String,
@@ -579,6 +581,15 @@ fn emulate(
                 }
                 continue;
             }
+            let t = k.tunables.iter().find(|t| &t.name == n).expect("checked above");
+            if !t.values.contains(v) {
+                let vals: Vec<String> = t.values.iter().map(|x| x.to_string()).collect();
+                return usage(format!(
+                    "kernel `{}`: {n}={v} is not one of its values ({}; task `{name}`)",
+                    if k.name.is_empty() { "seed" } else { &k.name },
+                    vals.join(", ")
+                ));
+            }
             config.insert(n.clone(), *v);
         }
         let kname = if k.name.is_empty() { "seed" } else { k.name.as_str() };
@@ -628,7 +639,13 @@ fn emulate(
                 match r {
                     Ok(None) => {
                         skipped += 1;
-                        println!("skip {kname} [{}] on {}: not admitted (constraints)", show(config), show(w));
+                        // specialise() found no build: name the constraint the configuration as
+                        // given breaks (with its shape-tied tunables it may break another).
+                        let why = k
+                            .broken_constraint(config, w)
+                            .map(|c| format!("`{c}` does not hold"))
+                            .unwrap_or_else(|| "no build of its shape-tied tunables is admitted".into());
+                        println!("skip {kname} [{}] on {}: not admitted: {why}", show(config), show(w));
                     }
                     Ok(Some(o)) => {
                         ran += 1;
@@ -668,6 +685,12 @@ fn emulate(
     println!(
         "emulated {ran} run(s) of task `{name}` on the CPU: {failed} failed, {skipped} skipped (not admitted, or not interpretable)"
     );
+    if ran == 0 {
+        // Nothing was checked: not a pass.
+        return usage(format!(
+            "no run of task `{name}` was admitted and interpretable, so nothing was checked (the skips above say why)"
+        ));
+    }
     Ok(if failed > 0 { 1 } else { 0 })
 }
 

@@ -557,6 +557,43 @@ fn emulate_catches_a_cuda_kernel_that_reads_before_its_copies_land_or_its_barrie
 }
 
 #[test]
+fn emulate_refuses_a_value_outside_a_tunables_list_and_a_request_that_checks_nothing() {
+    // A value the task does not list: refused before anything is built (exit 2, one line).
+    let (code, stdout, stderr) = out(ksearch().arg("--tasks-dir").arg(tasks_dir()).args([
+        "kb",
+        "emulate",
+        "mamba_scan",
+        "--backend",
+        "cuda",
+        "--kernel",
+        "warp_scan",
+        "-D",
+        "K=5",
+    ]));
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("kernel `warp_scan`: K=5 is not one of its values (4, 8, 16; task `mamba_scan`)"),
+        "{stderr}"
+    );
+    assert!(stdout.is_empty(), "{stdout}");
+    // Every run refused by a constraint: each skip names it, and nothing checked is no pass.
+    let (code, stdout, stderr) = out(ksearch().arg("--tasks-dir").arg(tasks_dir()).args([
+        "kb",
+        "emulate",
+        "attention",
+        "--backend",
+        "cuda",
+        "--kernel",
+        "flash_ws",
+        "--workload",
+        "B=1,H=3,Hkv=2,L=10,D=64,causal=0",
+    ]));
+    assert_eq!(code, 2, "{stdout}{stderr}");
+    assert!(stdout.contains("not admitted: `H % Hkv == 0` does not hold"), "{stdout}");
+    assert!(stderr.contains("nothing was checked"), "{stderr}");
+}
+
+#[test]
 fn emulate_runs_warp_scan_with_cm_folded_in_and_catches_a_lost_handoff() {
     if !nvrtc_here() {
         return;

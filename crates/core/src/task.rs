@@ -200,6 +200,37 @@ impl KernelSpec {
         Ok(true)
     }
 
+    /// Why `specialise` finds no build of `config` for `workload`: the first constraint that
+    /// breaks whatever values the shape-tied tunables take (such as `H % Hkv == 0`), else the
+    /// first one `config` itself breaks; `None` where `config` is admitted. An expression that
+    /// cannot be evaluated counts as broken.
+    pub fn broken_constraint(&self, config: &BTreeMap<String, i64>, workload: &Workload) -> Option<&str> {
+        let broken = |c: &BTreeMap<String, i64>| -> Vec<usize> {
+            let mut env = workload.clone();
+            env.extend(c.iter().map(|(k, v)| (k.clone(), *v)));
+            (0..self.constraints.len())
+                .filter(|&i| eval_i64(&self.constraints[i], &env).map_or(true, |v| v == 0))
+                .collect()
+        };
+        let own = broken(config);
+        let first = *own.first()?;
+        // Intersect with the constraints every build of the shape-tied tunables breaks.
+        let mut always = own.clone();
+        for t in self
+            .tunables
+            .iter()
+            .filter(|t| t.pattern.as_deref() == Some("specialisation"))
+        {
+            for v in &t.values {
+                let mut c = config.clone();
+                c.insert(t.name.clone(), *v);
+                let b = broken(&c);
+                always.retain(|i| b.contains(i));
+            }
+        }
+        Some(self.constraints[always.first().copied().unwrap_or(first)].as_str())
+    }
+
     /// The build of `config` for `workload`: `config` itself where it is admitted, else the
     /// same configuration with its shape-tied tunables (pattern `specialisation`, e.g. a head
     /// size `HD` with the constraint `HD == D`) set to the first values the workload admits;
@@ -1019,6 +1050,37 @@ mod tests {
             serde_json::to_string(&Reference::Named("rmsnorm".into())).unwrap(),
             "\"rmsnorm\""
         );
+    }
+
+    #[test]
+    fn a_refused_build_names_the_constraint_no_head_size_can_meet() {
+        let k: KernelSpec = toml::from_str(
+            r#"
+            file = "k.cu"
+            constraints = ["HD == D", "H % Hkv == 0", "S * HD <= 256"]
+            [[tunables]]
+            name = "HD"
+            values = [64, 128]
+            pattern = "specialisation"
+            [[tunables]]
+            name = "S"
+            values = [1, 2, 4]
+            "#,
+        )
+        .unwrap();
+        let cfg = |hd: i64, st: i64| BTreeMap::from([("HD".to_string(), hd), ("S".to_string(), st)]);
+        let w = |h: i64, hkv: i64, d: i64| Workload::from([("H".into(), h), ("Hkv".into(), hkv), ("D".into(), d)]);
+        // Admitted: nothing broken.
+        assert_eq!(k.broken_constraint(&cfg(64, 2), &w(4, 2, 64)), None);
+        // The head size alone is wrong: specialise() mends it, and the message names HD == D.
+        assert!(k.specialise(&cfg(128, 1), &w(4, 2, 64)).is_some());
+        assert_eq!(k.broken_constraint(&cfg(128, 1), &w(4, 2, 64)), Some("HD == D"));
+        // Grouped heads that do not divide: broken at every head size, so named before HD == D.
+        assert!(k.specialise(&cfg(128, 1), &w(3, 2, 64)).is_none());
+        assert_eq!(k.broken_constraint(&cfg(128, 1), &w(3, 2, 64)), Some("H % Hkv == 0"));
+        // A free tunable too large for the head size the shape needs.
+        assert!(k.specialise(&cfg(128, 4), &w(4, 2, 128)).is_none());
+        assert_eq!(k.broken_constraint(&cfg(128, 4), &w(4, 2, 128)), Some("S * HD <= 256"));
     }
 
     #[test]
