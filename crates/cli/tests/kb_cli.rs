@@ -442,6 +442,37 @@ fn emulate_runs_flash_ws_with_software_exponentials_and_catches_a_broken_one() {
 }
 
 #[test]
+fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait() {
+    if !nvrtc_here() {
+        return;
+    }
+    // flash_ws reading S before the wait that retires its product, or rescaling O while the PV
+    // product is in flight: right on the run where products land at issue, wrong where they land
+    // at their wait. 600 keys are five tiles, so the loop where both overlap runs.
+    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
+    let s_wait = "wg_wait<1>();  // S has landed";
+    let pv_wait = "wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc";
+    let dir = tempfile::tempdir().unwrap();
+    for (name, from, to) in [("early-s", s_wait, "wg_wait<2>();"), ("early-pv", pv_wait, "wg_wait<1>();")] {
+        assert!(src.contains(from), "flash_ws.cu changed: {from}");
+        let file = dir.path().join(format!("{name}.cu"));
+        std::fs::write(&file, src.replace(from, to)).unwrap();
+        let (code, stdout, _) = out(ksearch()
+            .arg("--tasks-dir")
+            .arg(tasks_dir())
+            .args(["kb", "emulate", "attention", "--backend", "cuda", "--kernel", "flash_ws"])
+            .args(["--workload", "B=1,H=2,Hkv=1,L=600,D=64,causal=0"])
+            .arg("--file")
+            .arg(&file));
+        assert_eq!(code, 1, "{name}: {stdout}");
+        assert!(
+            stdout.starts_with("FAIL flash_ws") && stdout.contains("mismatched"),
+            "{name}: {stdout}"
+        );
+    }
+}
+
+#[test]
 fn emulate_catches_a_hopper_kernel_missing_a_barrier_wait_or_its_swizzle() {
     if !nvrtc_here() {
         return;

@@ -7,12 +7,15 @@
 //! `cp.async.wait_group` that covers them, so a read before the wait sees what was there before.
 //! Hopper: an mbarrier's phase completes when its arrivals and transaction bytes are in; a
 //! thread whose `try_wait` finds its phase open sleeps until some phase completes (a deadlock is
-//! reported, not spun on); `wgmma.mma_async` waits for its warpgroup's 128 threads and is
-//! computed then (`wgmma.wait_group` is a no-op: a read of the accumulators before it is not
-//! caught). Copies completing on an mbarrier (TMA, `cp.async` + `cp.async.mbarrier.arrive`) land
-//! at issue, or with `Limits::late_copies` only when their barrier is waited on: one misses a
-//! wait for the barrier that says a stage is free, the other a wait for the one that says it is
-//! full. Shared memory starts as NaN bytes; every access is bounds- and alignment-checked.
+//! reported, not spun on); `wgmma.mma_async` waits for its warpgroup's 128 threads. Asynchronous
+//! results land at issue, or with `Limits::late_copies` as late as they may: copies completing
+//! on an mbarrier (TMA, `cp.async` + `cp.async.mbarrier.arrive`) when their barrier is waited on,
+//! and a `wgmma.mma_async` is computed at the first `wgmma.wait_group` that retires its group
+//! (its A registers and shared-memory operands read then) and its accumulators reach a thread's
+//! registers at that thread's wait. One run misses a wait for the barrier that says a stage is
+//! free, the other a wait for the one that says it is full, for a product's completion before
+//! its accumulators are read, or before its operands are overwritten. Shared memory starts as
+//! NaN bytes; every access is bounds- and alignment-checked.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -60,10 +63,12 @@ pub struct Limits {
     /// Warps take turns from the last one down (a write that should wait for another warp's
     /// reads then runs first).
     pub reverse: bool,
-    /// Copies completing on an mbarrier (TMA, `cp.async` with `cp.async.mbarrier.arrive`) land as
-    /// late as they may: when their barrier is waited on (a read that does not wait sees the old
-    /// bytes). Otherwise they land at issue (a copy issued before the readers of the old bytes
-    /// are done overwrites them first).
+    /// Asynchronous results land as late as they may: copies completing on an mbarrier (TMA,
+    /// `cp.async` with `cp.async.mbarrier.arrive`) when their barrier is waited on (a read that
+    /// does not wait sees the old bytes), `wgmma.mma_async` products at the `wgmma.wait_group`
+    /// that retires them (their operands read then, their accumulators written then: a read
+    /// before sees the old values). Otherwise both land at issue (a copy issued before the
+    /// readers of the old bytes are done overwrites them first).
     pub late_copies: bool,
 }
 
@@ -102,6 +107,28 @@ enum St {
     Spin(u64),
     /// At a warpgroup-collective instruction (`wgmma.mma_async`).
     Wg,
+    /// At `wgmma.wait_group` (late results: the block lands the products it retires).
+    WgWait,
+}
+
+/// A `wgmma.mma_async` issued and not yet landed everywhere (late results): computed at the
+/// first wait that retires it, its accumulators written to each thread at that thread's wait.
+#[derive(Debug, Clone)]
+struct PendWg {
+    /// The warpgroup's first thread, and the instruction.
+    lo: usize,
+    pc: u32,
+    /// The issuing threads' count of committed groups at issue: the group it joins.
+    group: u64,
+    /// The descriptors (A from shared memory, B) as read at issue.
+    desc_a: Option<u64>,
+    desc_b: u64,
+    /// Each thread's scale-d predicate at issue.
+    keep: Vec<bool>,
+    /// Per thread, the accumulators' bits once computed.
+    result: Option<Vec<Vec<u32>>>,
+    /// Threads (bit i: thread lo + i) whose registers have them.
+    landed: u128,
 }
 
 /// An mbarrier (in the block's shared memory, at the offset it is keyed by).
@@ -163,6 +190,8 @@ struct Thread {
     linear: u32,
     open: Vec<Copy>,
     groups: VecDeque<Vec<Copy>>,
+    /// `wgmma.commit_group`s executed.
+    wg_committed: u64,
 }
 
 struct Mem<'a> {
@@ -179,6 +208,8 @@ struct Mem<'a> {
     gtmaps: HashMap<u64, Tmap>,
     /// Copies in flight, in issue order.
     pending: Vec<Pending>,
+    /// `wgmma.mma_async` products not yet landed in every thread (late results), in issue order.
+    wgq: Vec<PendWg>,
 }
 
 type R<T> = Result<T, String>;
@@ -351,6 +382,7 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
         tmaps: HashMap::new(),
         gtmaps: HashMap::new(),
         pending: Vec::new(),
+        wgq: Vec::new(),
     };
     let mut g = Grid {
         m: module,
@@ -371,6 +403,7 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
                 mem.mbars.clear();
                 mem.tmaps.clear();
                 mem.pending.clear();
+                mem.wgq.clear();
                 g.block(&mut mem).map_err(|e| format!("block ({x}, {y}, {z}): {e}"))?;
             }
         }
@@ -391,6 +424,7 @@ impl Grid<'_> {
                 linear: i,
                 open: Vec::new(),
                 groups: VecDeque::new(),
+                wg_committed: 0,
             })
             .collect();
         let nwarps = self.nthreads.div_ceil(32) as usize;
@@ -426,6 +460,9 @@ impl Grid<'_> {
                 continue;
             }
             if self.release_warpgroups(&mut threads, mem)? {
+                continue;
+            }
+            if self.land_wgmma(&mut threads, mem)? {
                 continue;
             }
             if !progress && !mem.pending.is_empty() {
@@ -534,8 +571,25 @@ impl Grid<'_> {
                     ins.line, ins.op.name
                 ));
             }
-            self.wgmma(wg, ins, mem)
-                .map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op.name))?;
+            let at = |e: String| format!("line {} `{}`: {e}", ins.line, ins.op.name);
+            let (desc_a, desc_b, keep) = self.wgmma_issue(wg, ins).map_err(at)?;
+            if self.lim.late_copies {
+                mem.wgq.push(PendWg {
+                    lo,
+                    pc,
+                    group: wg[0].wg_committed,
+                    desc_a,
+                    desc_b,
+                    keep,
+                    result: None,
+                    landed: 0,
+                });
+            } else {
+                let r = self
+                    .wgmma(wg, ins, mem, desc_a, desc_b, &keep, &|ti, reg| Ok(wg[ti].regs[reg]))
+                    .map_err(at)?;
+                Self::wgmma_write(wg, ins, &r).map_err(at)?;
+            }
             for t in wg.iter_mut() {
                 t.st = St::Run;
                 t.pc += 1;
@@ -545,12 +599,43 @@ impl Grid<'_> {
         Ok(any)
     }
 
+    /// What a `wgmma.mma_async` reads at issue: its descriptors (A's where A is in shared
+    /// memory, B's) from the first thread, and each thread's scale-d predicate.
+    fn wgmma_issue(&self, wg: &[Thread], ins: &Instr) -> R<(Option<u64>, u64, Vec<bool>)> {
+        let a = &ins.args;
+        if a.len() < 6 {
+            return Err(format!("{} operands", a.len()));
+        }
+        let desc_a = if matches!(a[1], Opd::Vec(_)) {
+            None
+        } else {
+            Some(self.read(&wg[0], &a[1], Ty::B64, None)?)
+        };
+        let desc_b = self.read(&wg[0], &a[2], Ty::B64, None)?;
+        let keep = wg
+            .iter()
+            .map(|t| Ok(self.read(t, &a[3], Ty::Pred, None)? & 1 == 1))
+            .collect::<R<Vec<bool>>>()?;
+        Ok((desc_a, desc_b, keep))
+    }
+
     /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}`: D (64 x N, f32, in the 128 threads'
     /// registers as `mma.sync` lays out 16 rows per warp) = scale-d * D + A (64 x 16) B (16 x N).
     /// A from a shared-memory descriptor or from the threads' registers, B from a descriptor;
-    /// descriptors with the 128-byte swizzle, K-major or (imm-trans) MN-major. Computed when the
-    /// whole warpgroup has issued it (the products' operands are read then).
-    fn wgmma(&self, wg: &mut [Thread], ins: &Instr, mem: &Mem) -> R<()> {
+    /// descriptors with the 128-byte swizzle, K-major or (imm-trans) MN-major. Reads A's
+    /// registers and the shared memory now, and D's running value through `c_of(thread,
+    /// register)`; returns each thread's accumulators (bits).
+    #[allow(clippy::too_many_arguments)]
+    fn wgmma(
+        &self,
+        wg: &[Thread],
+        ins: &Instr,
+        mem: &Mem,
+        desc_a: Option<u64>,
+        desc_b: u64,
+        keep: &[bool],
+        c_of: &dyn Fn(usize, usize) -> R<u64>,
+    ) -> R<Vec<Vec<u32>>> {
         let n = ins.op.shape[1] as usize;
         let ity = ins.op.tys[1];
         let a = &ins.args;
@@ -566,7 +651,7 @@ impl Grid<'_> {
                 _ => Err(format!("operand {} is not an immediate", i + 1)),
             }
         };
-        let a_regs = matches!(a[1], Opd::Vec(_));
+        let a_regs = desc_a.is_none();
         let (scale_a, scale_b) = (imm(4)?, imm(5)?);
         let (trans_a, trans_b) = if a_regs {
             if a.len() != 7 {
@@ -611,10 +696,15 @@ impl Grid<'_> {
             let (_, off) = self.locate(mem, Space::Shared, phys, 2)?;
             Ok(h2f(u16::from_le_bytes([mem.shared[off], mem.shared[off + 1]]) as u64, ity) as f64)
         };
-        let desc_of = |i: usize| -> R<u64> { self.read(&wg[0], &a[i], Ty::B64, None) };
         // A: 64 x 16.
         let mut am = vec![0f64; 64 * 16];
-        if a_regs {
+        if let Some(d) = desc_a {
+            for row in 0..64 {
+                for k in 0..16 {
+                    am[row * 16 + k] = elem(d, row, k, trans_a)?;
+                }
+            }
+        } else {
             for (ti, t) in wg.iter().enumerate() {
                 let Opd::Vec(ar) = &a[1] else { unreachable!() };
                 if ar.len() != 4 {
@@ -629,42 +719,119 @@ impl Grid<'_> {
                     am[row * 16 + col + 1] = h2f(v >> 16 & 0xFFFF, ity) as f64;
                 }
             }
-        } else {
-            let d = desc_of(1)?;
-            for row in 0..64 {
-                for k in 0..16 {
-                    am[row * 16 + k] = elem(d, row, k, trans_a)?;
-                }
-            }
         }
         // B: 16 x N.
-        let db = desc_of(2)?;
         let mut bm = vec![0f64; 16 * n];
         for k in 0..16 {
             for col in 0..n {
-                bm[k * n + col] = elem(db, col, k, trans_b)?;
+                bm[k * n + col] = elem(desc_b, col, k, trans_b)?;
             }
         }
         let (sa, sb) = (if scale_a < 0 { -1.0 } else { 1.0 }, if scale_b < 0 { -1.0 } else { 1.0 });
-        for (ti, t) in wg.iter_mut().enumerate() {
-            let keep = self.read(t, &a[3], Ty::Pred, None)? & 1 == 1;
+        let mut out = Vec::with_capacity(wg.len());
+        for (ti, &kept) in keep.iter().enumerate().take(wg.len()) {
             let (w, g, q) = (ti / 32, (ti % 32) / 4, ti % 4);
+            let mut d = Vec::with_capacity(dregs.len());
             for (i, r) in dregs.iter().enumerate() {
+                let Opd::Reg(reg) = r else {
+                    return Err("an accumulator that is not a register".into());
+                };
                 let (j, e) = (i / 4, i % 4);
                 let row = 16 * w + g + 8 * (e / 2);
                 let col = 8 * j + 2 * q + e % 2;
-                let mut acc = if keep {
-                    f32of(self.read(t, r, Ty::F32, None)?) as f64
+                let mut acc = if kept {
+                    f32::from_bits(c_of(ti, *reg as usize)? as u32) as f64
                 } else {
                     0.0
                 };
                 for k in 0..16 {
                     acc += sa * am[row * 16 + k] * sb * bm[k * n + col];
                 }
-                Self::write(t, r, (acc as f32).to_bits() as u64)?;
+                d.push((acc as f32).to_bits());
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    /// The accumulators of a `wgmma.mma_async` (as `wgmma` returns them, one list per thread)
+    /// into the registers of the threads given.
+    fn wgmma_write(wg: &mut [Thread], ins: &Instr, r: &[Vec<u32>]) -> R<()> {
+        let Opd::Vec(dregs) = &ins.args[0] else {
+            return Err("the accumulators are not a register list".into());
+        };
+        for (t, d) in wg.iter_mut().zip(r) {
+            for (o, v) in dregs.iter().zip(d) {
+                Self::write(t, o, *v as u64)?;
             }
         }
         Ok(())
+    }
+
+    /// Late results: each thread at `wgmma.wait_group N` gets the accumulators of every product
+    /// of its warpgroup in a group older than its N most recent; a product is computed at the
+    /// first such wait (its A registers and shared memory read then), D's running value taken
+    /// from the products before it that have not reached that thread's registers yet.
+    fn land_wgmma(&mut self, threads: &mut [Thread], mem: &mut Mem) -> R<bool> {
+        let mut any = false;
+        for i in 0..threads.len() {
+            if threads[i].st != St::WgWait {
+                continue;
+            }
+            let pc = threads[i].pc;
+            let ins = &self.f.instrs[pc as usize];
+            let at = |e: String| format!("line {} `{}`: {e}", ins.line, ins.op.name);
+            let keep_recent = match ins.args.first() {
+                Some(Opd::Int(v)) if *v >= 0 => *v as u64,
+                _ => return Err(at("the group count is not an immediate".into())),
+            };
+            let lo = i / 128 * 128;
+            let hi = (lo + 128).min(threads.len());
+            let limit = threads[i].wg_committed.saturating_sub(keep_recent);
+            let bit = 1u128 << (i - lo);
+            for qi in 0..mem.wgq.len() {
+                let p = &mem.wgq[qi];
+                if p.lo != lo || p.group >= limit || p.landed & bit != 0 {
+                    continue;
+                }
+                if p.result.is_none() {
+                    let wins = &self.f.instrs[p.pc as usize];
+                    let earlier = &mem.wgq[..qi];
+                    // D's running value for a thread: the latest earlier product of this
+                    // warpgroup computed but not yet in that thread's registers, else the register.
+                    let c_of = |ti: usize, reg: usize| -> R<u64> {
+                        for e in earlier.iter().rev() {
+                            if e.lo != lo || e.landed & (1u128 << ti) != 0 {
+                                continue;
+                            }
+                            let Some(res) = &e.result else { continue };
+                            let Opd::Vec(ed) = &self.f.instrs[e.pc as usize].args[0] else {
+                                continue;
+                            };
+                            if let Some(k) = ed.iter().position(|o| matches!(o, Opd::Reg(r) if *r as usize == reg)) {
+                                return Ok(res[ti][k] as u64);
+                            }
+                        }
+                        Ok(threads[lo + ti].regs[reg])
+                    };
+                    let r = self
+                        .wgmma(&threads[lo..hi], wins, mem, p.desc_a, p.desc_b, &p.keep, &c_of)
+                        .map_err(|e| format!("line {} `{}`: {e}", wins.line, wins.op.name))?;
+                    mem.wgq[qi].result = Some(r);
+                }
+                let p = &mut mem.wgq[qi];
+                let wins = &self.f.instrs[p.pc as usize];
+                let res = p.result.as_ref().expect("computed above");
+                Self::wgmma_write(&mut threads[i..i + 1], wins, &res[i - lo..i - lo + 1]).map_err(at)?;
+                p.landed |= bit;
+            }
+            let full = |p: &PendWg| p.landed.count_ones() as usize == p.keep.len();
+            mem.wgq.retain(|p| !full(p));
+            threads[i].st = St::Run;
+            threads[i].pc += 1;
+            any = true;
+        }
+        Ok(any)
     }
 
     /// The offset of an mbarrier (8 bytes of shared memory) at `addr`.
@@ -815,6 +982,7 @@ impl Grid<'_> {
                         linear: 0,
                         open: Vec::new(),
                         groups: VecDeque::new(),
+                        wg_committed: 0,
                     };
                     land(copies, &mut scratch, mem)?;
                 }
@@ -1457,6 +1625,13 @@ impl Grid<'_> {
                 return Ok(());
             }
             Base::Nop => {}
+            Base::WgCommit => t.wg_committed += 1,
+            Base::WgWait => {
+                if self.lim.late_copies {
+                    t.st = St::WgWait;
+                    return Ok(());
+                }
+            }
             Base::Unsupported => {
                 return Err(crate::op::decode_op(&op.name)
                     .err()

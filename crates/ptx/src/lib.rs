@@ -11,7 +11,8 @@
 //! `cp.async.mbarrier.arrive`, tiled TMA tensor loads (`cp.async.bulk.tensor`) through tensor
 //! maps built with `tensormap.replace` and published with `tensormap.cp_fenceproxy`, and
 //! `wgmma.mma_async` m64nNk16 (f16 / bf16 in, f32 accumulators; 128-byte swizzled or plain
-//! descriptors; A from shared memory or registers). Not covered: clusters and multicast,
+//! descriptors; A from shared memory or registers) with `wgmma.commit_group` / `wait_group`
+//! (with `Limits::late_copies` a product lands only at the wait that retires it). Not covered: clusters and multicast,
 //! Blackwell's `tcgen05`, function calls, textures; such an instruction is parsed past and
 //! refused with a one-line reason when a thread reaches it.
 //!

@@ -158,6 +158,10 @@ pub enum Base {
     TmapCp,
     /// `wgmma.mma_async` (shape m, n, k; tys: D, A, B), a warpgroup collective.
     Wgmma,
+    /// `wgmma.commit_group`: the thread's `wgmma.mma_async` since the last one become a group.
+    WgCommit,
+    /// `wgmma.wait_group N`: every group of the thread's but the N most recent has completed.
+    WgWait,
     /// An instruction outside the interpreted subset (clusters, tcgen05, `call`, ...): parsed
     /// past, refused when a thread reaches it, so a kernel whose other branches use such
     /// instructions still runs the branches that do not.
@@ -409,7 +413,9 @@ fn decode_hopper(name: &str) -> Result<Option<Op>, String> {
     };
     let op = match (p[0], p.get(1).copied(), p.get(2).copied()) {
         ("setmaxnreg", ..) => mk(Base::Nop),
-        ("wgmma", Some("fence" | "commit_group" | "wait_group"), _) => mk(Base::Nop),
+        ("wgmma", Some("fence"), _) => mk(Base::Nop),
+        ("wgmma", Some("commit_group"), _) => mk(Base::WgCommit),
+        ("wgmma", Some("wait_group"), _) => mk(Base::WgWait),
         ("wgmma", Some("mma_async"), _) => {
             let mut o = mk(Base::Wgmma);
             for m in &p[2..] {
@@ -711,7 +717,8 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
 /// checking).
 pub fn min_operands(op: &Op) -> usize {
     match op.base {
-        Base::Ret | Base::Exit | Base::Nop | Base::CpAsyncCommit | Base::CpAsyncWaitAll | Base::Unsupported => 0,
+        Base::Ret | Base::Exit | Base::Nop | Base::CpAsyncCommit | Base::CpAsyncWaitAll | Base::WgCommit | Base::Unsupported => 0,
+        Base::WgWait => 1,
         Base::CpAsyncMbar => 1,
         Base::Mbar if matches!(op.mode, hop::MB_INVAL) => 1,
         Base::Mbar if matches!(op.mode, hop::MB_INIT | hop::MB_ARRIVE | hop::MB_EXPECT_TX) => 2,
