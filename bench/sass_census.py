@@ -154,13 +154,14 @@ def census(task_name, kname, fix, per):
         sys.exit("cuobjdump failed: " + (sass.stderr or sass.stdout)[-500:])
     m = re.search(r"REG:(\d+).*?LOCAL:(\d+)", res)
     ins = parse(sass.stdout)
-    hot = max(blocks(ins), key=len)
+    bl = blocks(ins)
+    hot = max(bl, key=len)
     mix = collections.Counter(opname(x["text"]).split(".")[0] for x in hot)
     mio = sum(words(opname(x["text"])) if opname(x["text"]).split(".")[0] in ("LDS", "STS") else 1
               for x in hot if opname(x["text"]).split(".")[0] in ("LDS", "STS", "SHFL"))
     units = float(eval(per, {"__builtins__": {}}, dict(cfg))) if per else None
     return {"cfg": fix or "defaults", "regs": int(m.group(1)) if m else -1, "local": int(m.group(2)) if m else -1,
-            "n": len(hot), "units": units, "mio": mio, "sched": schedule(hot), "mix": mix}
+            "n": len(hot), "units": units, "mio": mio, "sched": schedule(hot), "mix": mix, "blocks": bl}
 
 
 def main():
@@ -169,6 +170,8 @@ def main():
     ap.add_argument("kernel")
     ap.add_argument("configs", nargs="*", default=[""], help="tunables, e.g. K=16,RT=1 (others at their defaults)")
     ap.add_argument("--per", default="", help="units of work one pass of the hot block does, e.g. 'K*16'")
+    ap.add_argument("--blocks", type=int, default=0, metavar="N",
+                    help="also list every straight-line block of at least N instructions (address, size, one-warp schedule, mix)")
     a = ap.parse_args()
     os.environ.setdefault("KS_CUBIN_DIR", os.path.join(cd.ROOT, ".cubins"))
     hdr = f"{'configuration':34s} {'regs':>4s} {'local':>5s} {'instr':>6s} {'shared':>6s} {'1-warp':>7s}"
@@ -182,6 +185,12 @@ def main():
             u = c["units"]
             line += f" {c['n'] / u:7.2f} {c['mio'] / u:8.2f} {c['sched'] / u:6.1f}"
         print(line + "  " + " ".join(f"{k} {v}" for k, v in c["mix"].most_common(8)))
+        if a.blocks:
+            for b in c["blocks"]:
+                if len(b) >= a.blocks:
+                    mix = collections.Counter(opname(x["text"]).split(".")[0] for x in b)
+                    print(f"    {b[0]['addr']:#07x} {len(b):5d} instr {schedule(b):6d} cycles  "
+                          + " ".join(f"{k} {v}" for k, v in mix.most_common(6)) + f"  | ends {b[-1]['text'][:40]}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,15 @@ fn ksearch() -> Command {
     c
 }
 
+/// `ksearch kb emulate TASK --backend BACKEND --kernel KERNEL` on the repository's tasks.
+fn emulate(task: &str, backend: &str, kernel: &str) -> Command {
+    let mut c = ksearch();
+    c.arg("--tasks-dir")
+        .arg(tasks_dir())
+        .args(["kb", "emulate", task, "--backend", backend, "--kernel", kernel]);
+    c
+}
+
 fn out(c: &mut Command) -> (i32, String, String) {
     let o = c.output().unwrap();
     (
@@ -400,19 +409,9 @@ fn emulate_runs_flash_ws_with_software_exponentials_and_catches_a_broken_one() {
     // EMU=3: 3 of every 8 key chunks' exponentials by the polynomial, on both units, under the
     // causal mask (keys past the diagonal are -inf) and on a ragged tail.
     let run = |backend: &str, file: Option<&std::path::Path>| {
-        let mut cmd = ksearch();
-        cmd.arg("--tasks-dir").arg(tasks_dir()).args([
-            "kb",
-            "emulate",
-            "attention",
-            "--backend",
-            backend,
-            "--kernel",
-            "flash_ws",
-            "-D",
-            "EMU=3",
-        ]);
-        cmd.args(["--workload", "B=1,H=2,Hkv=1,L=200,D=128,causal=1"])
+        let mut cmd = emulate("attention", backend, "flash_ws");
+        cmd.args(["-D", "EMU=3"])
+            .args(["--workload", "B=1,H=2,Hkv=1,L=200,D=128,causal=1"])
             .args(["--workload", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"]);
         if let Some(f) = file {
             cmd.arg("--file").arg(f);
@@ -457,10 +456,7 @@ fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait() {
         assert!(src.contains(from), "flash_ws.cu changed: {from}");
         let file = dir.path().join(format!("{name}.cu"));
         std::fs::write(&file, src.replace(from, to)).unwrap();
-        let (code, stdout, _) = out(ksearch()
-            .arg("--tasks-dir")
-            .arg(tasks_dir())
-            .args(["kb", "emulate", "attention", "--backend", "cuda", "--kernel", "flash_ws"])
+        let (code, stdout, _) = out(emulate("attention", "cuda", "flash_ws")
             .args(["--workload", "B=1,H=2,Hkv=1,L=600,D=64,causal=0"])
             .arg("--file")
             .arg(&file));
@@ -590,17 +586,7 @@ fn emulate_catches_a_cuda_kernel_that_reads_before_its_copies_land_or_its_barrie
 #[test]
 fn emulate_refuses_a_value_outside_a_tunables_list_and_a_request_that_checks_nothing() {
     // A value the task does not list: refused before anything is built (exit 2, one line).
-    let (code, stdout, stderr) = out(ksearch().arg("--tasks-dir").arg(tasks_dir()).args([
-        "kb",
-        "emulate",
-        "mamba_scan",
-        "--backend",
-        "cuda",
-        "--kernel",
-        "warp_scan",
-        "-D",
-        "K=5",
-    ]));
+    let (code, stdout, stderr) = out(emulate("mamba_scan", "cuda", "warp_scan").args(["-D", "K=5"]));
     assert_eq!(code, 2, "{stdout}{stderr}");
     assert!(
         stderr.contains("kernel `warp_scan`: K=5 is not one of its values (4, 8, 16; task `mamba_scan`)"),
@@ -608,17 +594,8 @@ fn emulate_refuses_a_value_outside_a_tunables_list_and_a_request_that_checks_not
     );
     assert!(stdout.is_empty(), "{stdout}");
     // Every run refused by a constraint: each skip names it, and nothing checked is no pass.
-    let (code, stdout, stderr) = out(ksearch().arg("--tasks-dir").arg(tasks_dir()).args([
-        "kb",
-        "emulate",
-        "attention",
-        "--backend",
-        "cuda",
-        "--kernel",
-        "flash_ws",
-        "--workload",
-        "B=1,H=3,Hkv=2,L=10,D=64,causal=0",
-    ]));
+    let (code, stdout, stderr) =
+        out(emulate("attention", "cuda", "flash_ws").args(["--workload", "B=1,H=3,Hkv=2,L=10,D=64,causal=0"]));
     assert_eq!(code, 2, "{stdout}{stderr}");
     assert!(stdout.contains("not admitted: `H % Hkv == 0` does not hold"), "{stdout}");
     assert!(stderr.contains("nothing was checked"), "{stderr}");
@@ -632,15 +609,8 @@ fn emulate_runs_warp_scan_with_cm_folded_in_and_catches_a_lost_handoff() {
     // CQ=1 at K 16 (the 128-register build it is for) on three chunks of 512 steps and a ragged
     // tail, with 13 channels (a partial block): every element of y and the final state checked.
     let run = |file: Option<&std::path::Path>| {
-        let mut cmd = ksearch();
-        cmd.arg("--tasks-dir").arg(tasks_dir()).args([
-            "kb",
-            "emulate",
-            "mamba_scan",
-            "--backend",
-            "cuda",
-            "--kernel",
-            "warp_scan",
+        let mut cmd = emulate("mamba_scan", "cuda", "warp_scan");
+        cmd.args([
             "-D",
             "CQ=1",
             "-D",
