@@ -462,7 +462,9 @@ fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait() {
             .arg(&file));
         assert_eq!(code, 1, "{name}: {stdout}");
         assert!(
-            stdout.starts_with("FAIL flash_ws") && stdout.contains("mismatched"),
+            stdout.starts_with("FAIL flash_ws")
+                && stdout.contains("mismatched")
+                && stdout.contains("(with results landing late and warps in reverse)"),
             "{name}: {stdout}"
         );
     }
@@ -503,7 +505,11 @@ fn emulate_catches_a_hopper_kernel_missing_a_barrier_wait_or_its_swizzle() {
             .arg(&file));
         if passes {
             assert_eq!(code, 0, "{name}: {stdout}{stderr}");
-            assert!(stdout.starts_with("ok   flash_ws"), "{name}: {stdout}");
+            // One workload, both landings: a kernel with mbarriers runs twice on it.
+            assert!(
+                stdout.starts_with("ok   flash_ws") && stdout.contains("(with results landing at issue and late)"),
+                "{name}: {stdout}"
+            );
         } else {
             assert_eq!(code, 1, "{name}: {stdout}{stderr}");
             assert!(stdout.starts_with("FAIL flash_ws"), "{name}: {stdout}");
