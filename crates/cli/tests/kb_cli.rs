@@ -653,7 +653,7 @@ fn emulate_each_value_runs_every_tunable_value_of_the_scan_and_attention_kernels
     }
     // Every value the search may pick, each alone beside the defaults, on ragged multi-chunk
     // shapes: K 16 with CB 6 or 12 (rounds that do not divide a chunk), RT, P2, SP, BF, MW, CQ.
-    // flash_ws: every tile width, stage count, KVS, TMA 0 / 1, PP, CTAS, WIDE, SMALL_L and EMU value.
+    // flash_ws: every tile width, stage count, KVS, TMA 0 / 1, PP, CTAS, WIDE, SMALL_L, EMU and DA value.
     for (task, kernel, at_least) in [
         ("mamba_scan", "warp_scan", 48),
         ("attention", "flash", 16),

@@ -89,6 +89,10 @@
 // schedule is 769 cycles at EMU 0, 749 at EMU 1 and 2, 793 at 3 (each software exponential is seven or
 // eight instructions the warp issues itself). Checked by the PTX interpreter (masked keys, ragged tails,
 // both units), not yet timed: the default stays 0, whose build is byte for byte the one measured before.
+// DA=1 (a tunable): each k-step's wgmma descriptor is the tile's first plus a constant instead of being
+// built from its address; the same descriptors. In NVRTC 13's machine code the block that issues a tile's
+// S and PV products (between a consumer's softmax and its next turn) goes from 128 instructions and a
+// 314-cycle one-warp schedule to 83 and 252. Checked by the PTX interpreter, not yet timed: default 0.
 // RS=1 (not a tunable: correct on the H200, 2026-12-05, but no faster than without it): a warp moves its rows' running maxima only
 // where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
 // Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread
@@ -132,6 +136,12 @@
 #endif
 #ifndef EMU
 #define EMU 0
+#endif
+#ifndef DA
+#define DA 0
+#endif
+#if DA != 0 && DA != 1
+#error "DA must be 0 or 1"
 #endif
 #if EMU < 0 || EMU > 3
 #error "EMU must be 0, 1, 2 or 3"
@@ -717,6 +727,24 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             if (c == 0) nbar_arrive<2>(); else if (!last) nbar_arrive<1>();
 #endif
         };
+#if DA
+        // Each k-step's descriptor as the tile's first plus the step's offset >> 4 (shared addresses
+        // stay below 2^18, so the start field never carries into the next).
+        const unsigned long long qd0 = mdesc(qbase, KM_LBO, KM_SBO);
+        auto issue_s = [&](int T) {
+            const unsigned long long kd0 = mdesc(sKV + 2 * (T % ST) * TILE_B, KM_LBO, KM_SBO);
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_s<BN>(s, qd0 + (Q_KSTEP(kk) >> 4), kd0 + (K_KSTEP(kk) >> 4), kk);
+            wg_commit();
+        };
+        auto issue_pv = [&](int T) {
+            const unsigned long long vd0 = mdesc(sKV + 2 * (T % ST) * TILE_B + TILE_B, MN_LBO, MN_SBO);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) WGMMA_O(oacc, pprev + 4 * kk, vd0 + (V_KSTEP(kk) >> 4));
+            wg_commit();
+        };
+#else
         auto issue_s = [&](int T) {
             const unsigned kb = sKV + 2 * (T % ST) * TILE_B;
 #pragma unroll
@@ -730,6 +758,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             for (int kk = 0; kk < BN / 16; kk++) WGMMA_O(oacc, pprev + 4 * kk, mdesc(vb + V_KSTEP(kk), MN_LBO, MN_SBO));
             wg_commit();
         };
+#endif
         auto softmax = [&](int t) {
             const int n0 = t * BN;
             // s[4c + e]: row r0 + 8 * (e >> 1), key n0 + 8c + 2qd + (e & 1). Keys from lim0 (row r0)
