@@ -88,6 +88,9 @@ impl Default for Limits {
 pub struct Stats {
     /// Thread-instructions executed.
     pub steps: u64,
+    /// Of them, asynchronous ones whose results may land late (mbarrier operations, copies
+    /// completing on an mbarrier, `wgmma`): none, and `Limits::late_copies` changes nothing.
+    pub asynchronous: u64,
 }
 
 pub fn buffer_address(i: usize) -> u64 {
@@ -300,6 +303,7 @@ struct Grid<'m> {
     l: &'m Launch,
     nthreads: u32,
     steps: u64,
+    asynchronous: u64,
     lim: &'m Limits,
     ctaid: [u32; 3],
 }
@@ -390,6 +394,7 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
         l: launch,
         nthreads: nthreads as u32,
         steps: 0,
+        asynchronous: 0,
         lim,
         ctaid: [0; 3],
     };
@@ -408,7 +413,10 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
             }
         }
     }
-    Ok(Stats { steps: g.steps })
+    Ok(Stats {
+        steps: g.steps,
+        asynchronous: g.asynchronous,
+    })
 }
 
 impl Grid<'_> {
@@ -1060,6 +1068,12 @@ impl Grid<'_> {
                 continue;
             };
             self.steps += group.len() as u64;
+            if matches!(
+                ins.op.base,
+                Base::Mbar | Base::Tma | Base::CpAsyncMbar | Base::Wgmma | Base::WgCommit | Base::WgWait
+            ) {
+                self.asynchronous += group.len() as u64;
+            }
             if self.steps > self.lim.max_steps {
                 return Err(format!(
                     "stopped after {} thread-instructions (the step limit)",

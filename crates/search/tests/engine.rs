@@ -721,6 +721,37 @@ fn noisy_final_timings_are_taken_again_with_more_repetitions() {
 }
 
 #[test]
+fn noisy_held_out_timings_that_say_slower_are_taken_again_with_more_repetitions() {
+    let b = Bench::new();
+    let cfg = b.config(4, 12);
+    // On the held-out shape (cols 128) the candidate looks 50x slower with a spread of 30x (a
+    // busy machine) unless timed with at least 15 repetitions.
+    let (ev, log) = Scripted::new(|c| match plain(c) {
+        Says::Time(us, _) if c.cols == 128 && !c.seed && c.min_reps < 15 => Says::Time(us * 50.0, 30.0),
+        other => other,
+    });
+    let (mut s, events) = b.search(&cfg, ev);
+    let r = finished(s.run(stop(&cfg)).expect("run"));
+    assert_eq!(r.no_result(), None, "the calmer look counts: {r:?}");
+    let held = r.heldout.as_ref().expect("validated");
+    assert!(held.passed && held.speedup.unwrap() > 1.0, "{held:?}");
+    let again = log
+        .borrow()
+        .requests
+        .iter()
+        .filter(|q| q.timing.min_reps >= 15 && q.workloads.iter().any(|w| w.axes.get("cols") == Some(&128)))
+        .count();
+    assert!(again >= 2, "seed and candidate timed again on the held-out shape");
+    assert!(
+        events
+            .borrow()
+            .iter()
+            .any(|e| matches!(e, Event::Note(l) if l.contains("held-out timings noisy"))),
+        "the second look is reported"
+    );
+}
+
+#[test]
 fn an_infrastructure_failure_stops_the_run_and_resume_tries_the_node_again() {
     let b = Bench::new();
     let cfg = b.config(6, 50);
