@@ -1919,9 +1919,12 @@ impl Search {
                     self.cfg.timing = saved;
                     let mut out = self.evaluate_batch_on(plans, true).into_iter();
                     let ((hs, hws), (hc, hwc)) = (out.next().unwrap_or_default(), out.next().unwrap_or_default());
+                    // The second look has a purpose of its own: one `heldout` pair per candidate
+                    // tried stays the mark of one finish.
+                    let purpose = if attempt == 0 { "heldout" } else { "heldout-again" };
                     self.store.atomic(|s| {
-                        s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, "heldout", &hs, hws)?;
-                        s.insert_evaluation(rid, Some(f.node.id), key.as_deref(), round, "heldout", &hc, hwc)?;
+                        s.insert_evaluation(rid, Some(seed_node.id), seed_key.as_deref(), round, purpose, &hs, hws)?;
+                        s.insert_evaluation(rid, Some(f.node.id), key.as_deref(), round, purpose, &hc, hwc)?;
                         Ok(())
                     })?;
                     let spread = max_spread(&hs).max(max_spread(&hc));

@@ -742,6 +742,9 @@ fn noisy_held_out_timings_that_say_slower_are_taken_again_with_more_repetitions(
         .filter(|q| q.timing.min_reps >= 15 && q.workloads.iter().any(|w| w.axes.get("cols") == Some(&128)))
         .count();
     assert!(again >= 2, "seed and candidate timed again on the held-out shape");
+    let p = purposes(&b.db(), s.run_id());
+    assert_eq!(p.iter().filter(|x| *x == "heldout").count(), 2, "one pair a finish: {p:?}");
+    assert_eq!(p.iter().filter(|x| *x == "heldout-again").count(), 2, "{p:?}");
     assert!(
         events
             .borrow()

@@ -202,10 +202,11 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// Purposes of the evaluations a run's finishing step writes (the re-timing of the best
-/// against the seed, held-out validation, the native baseline). A finishing step killed half
+/// against the seed, held-out validation and its second look at noisy timings, the native
+/// baseline). A finishing step killed half
 /// way is done again in full by `resume`: its rows replace the earlier phase's (see
 /// `Store::insert_evaluation`), so they are neither kept twice nor counted twice.
-pub const FINAL_PURPOSES: &[&str] = &["final", "heldout", "baseline"];
+pub const FINAL_PURPOSES: &[&str] = &["final", "heldout", "heldout-again", "baseline"];
 
 /// A token naming one finishing phase: unique per process and handle.
 fn phase_token() -> String {
