@@ -387,6 +387,9 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
             cfg.timing.max_reps
         );
     }
+    if cfg.rounds == 0 {
+        bail!("rounds 0 would stop before the first round: use at least 1");
+    }
     if cfg.patience == 0 {
         bail!("patience 0 would stop before the first round: use at least 1");
     }

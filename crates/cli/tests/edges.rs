@@ -397,6 +397,7 @@ fn unusable_flags_and_settings_are_one_line_errors_before_any_run() {
         (&["--mem-limit", "1KiB"], &["too small for a runner"]),
         (&["--max-reps", "0"], &["a kernel is timed at least once"]),
         (&["--patience", "0"], &["patience 0"]),
+        (&["--rounds", "0"], &["rounds 0", "at least 1"]),
         (
             &[
                 "--planner",
