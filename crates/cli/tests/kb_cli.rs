@@ -441,7 +441,7 @@ fn emulate_runs_flash_ws_with_software_exponentials_and_catches_a_broken_one() {
 }
 
 #[test]
-fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait() {
+fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait_or_fence() {
     if !nvrtc_here() {
         return;
     }
@@ -468,6 +468,25 @@ fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait() {
             "{name}: {stdout}"
         );
     }
+    // Without the wgmma.fence between O's rescale (and P's packing) and the products that read
+    // them: PTX leaves such a product free to read the registers' older values.
+    let fenced = "turn_begin();\n                    wg_fence();\n                    issue_s(T0 + t);";
+    assert!(src.contains(fenced), "flash_ws.cu changed: {fenced}");
+    let file = dir.path().join("nofence.cu");
+    std::fs::write(
+        &file,
+        src.replace(fenced, "turn_begin();\n                    issue_s(T0 + t);"),
+    )
+    .unwrap();
+    let (code, stdout, _) = out(emulate("attention", "cuda", "flash_ws")
+        .args(["--workload", "B=1,H=2,Hkv=1,L=600,D=64,causal=0"])
+        .arg("--file")
+        .arg(&file));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.starts_with("FAIL flash_ws") && stdout.contains("with no `wgmma.fence` since"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -195,6 +195,13 @@ struct Thread {
     groups: VecDeque<Vec<Copy>>,
     /// `wgmma.commit_group`s executed.
     wg_committed: u64,
+    /// `wgmma.fence`s executed.
+    fences: u32,
+    /// Kernels with `wgmma.mma_async` only: per register, (fences executed << 32 | PTX line) of
+    /// its last write by an ordinary instruction, `u64::MAX` where none wrote it since a `wgmma`
+    /// did. A `wgmma` reading a register stamped with the thread's current fence count reads a
+    /// write no `wgmma.fence` has ordered before it.
+    wr: Vec<u64>,
 }
 
 struct Mem<'a> {
@@ -306,6 +313,8 @@ struct Grid<'m> {
     asynchronous: u64,
     lim: &'m Limits,
     ctaid: [u32; 3],
+    /// The kernel has `wgmma.mma_async`: register writes are stamped (`Thread::wr`).
+    fenced: bool,
 }
 
 /// Run `launch` of `module` with `args` over `bufs` (device memory: the buffers the arguments
@@ -397,6 +406,7 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
         asynchronous: 0,
         lim,
         ctaid: [0; 3],
+        fenced: f.instrs.iter().any(|i| i.op.base == Base::Wgmma),
     };
     let shared_bytes = module.static_shared as usize + launch.dynamic_shared as usize;
     for z in 0..launch.grid[2] {
@@ -419,6 +429,26 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
     })
 }
 
+/// Stamp the registers an ordinary instruction writes (its first operand) with the thread's
+/// fence count and the instruction's line (`Thread::wr`; nothing for kernels without `wgmma`).
+fn stamp_writes(t: &mut Thread, ins: &Instr) {
+    if t.wr.is_empty() || matches!(ins.op.base, Base::Wgmma | Base::WgWait) {
+        return;
+    }
+    let stamp = (t.fences as u64) << 32 | ins.line as u64;
+    match ins.args.first() {
+        Some(Opd::Reg(r)) => t.wr[*r as usize] = stamp,
+        Some(Opd::Vec(v)) => {
+            for o in v {
+                if let Opd::Reg(r) = o {
+                    t.wr[*r as usize] = stamp;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 impl Grid<'_> {
     fn block(&mut self, mem: &mut Mem) -> R<()> {
         let b = self.l.block;
@@ -433,6 +463,12 @@ impl Grid<'_> {
                 open: Vec::new(),
                 groups: VecDeque::new(),
                 wg_committed: 0,
+                fences: 0,
+                wr: if self.fenced {
+                    vec![u64::MAX; self.f.nregs as usize]
+                } else {
+                    Vec::new()
+                },
             })
             .collect();
         let nwarps = self.nthreads.div_ceil(32) as usize;
@@ -581,6 +617,7 @@ impl Grid<'_> {
             }
             let at = |e: String| format!("line {} `{}`: {e}", ins.line, ins.op.name);
             let (desc_a, desc_b, keep) = self.wgmma_issue(wg, ins).map_err(at)?;
+            Self::check_fenced(wg, ins, &keep).map_err(at)?;
             if self.lim.late_copies {
                 mem.wgq.push(PendWg {
                     lo,
@@ -771,6 +808,39 @@ impl Grid<'_> {
         for (t, d) in wg.iter_mut().zip(r) {
             for (o, v) in dregs.iter().zip(d) {
                 Self::write(t, o, *v as u64)?;
+                if let (Opd::Reg(reg), false) = (o, t.wr.is_empty()) {
+                    t.wr[*reg as usize] = u64::MAX;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// PTX requires a `wgmma.fence` between a thread's write of a register and a
+    /// `wgmma.mma_async` that reads it (its accumulators where scale-d keeps them, its A
+    /// fragments), bar the accumulators a chain of `wgmma`s passes along: without one the
+    /// product may read the register's older value.
+    fn check_fenced(wg: &[Thread], ins: &Instr, keep: &[bool]) -> R<()> {
+        for (ti, t) in wg.iter().enumerate() {
+            if t.wr.is_empty() {
+                continue;
+            }
+            let mut read: Vec<(&Opd, &str)> = Vec::new();
+            if let (Some(Opd::Vec(d)), true) = (ins.args.first(), keep.get(ti).copied().unwrap_or(false)) {
+                read.extend(d.iter().map(|o| (o, "accumulator")));
+            }
+            if let Some(Opd::Vec(a)) = ins.args.get(1) {
+                read.extend(a.iter().map(|o| (o, "A-fragment")));
+            }
+            for (o, what) in read {
+                let Opd::Reg(r) = o else { continue };
+                let w = t.wr[*r as usize];
+                if w != u64::MAX && (w >> 32) as u32 == t.fences {
+                    return Err(format!(
+                        "thread {ti} of the warpgroup reads an {what} register written at line {} with no `wgmma.fence` since (PTX requires one between a register's write and a wgmma that reads it)",
+                        w & 0xFFFF_FFFF
+                    ));
+                }
             }
         }
         Ok(())
@@ -991,6 +1061,8 @@ impl Grid<'_> {
                         open: Vec::new(),
                         groups: VecDeque::new(),
                         wg_committed: 0,
+                        fences: 0,
+                        wr: Vec::new(),
                     };
                     land(copies, &mut scratch, mem)?;
                 }
@@ -1110,6 +1182,7 @@ impl Grid<'_> {
                 }
                 for i in &arriving {
                     lanes[*i].st = St::Warp;
+                    stamp_writes(&mut lanes[*i], ins);
                 }
                 self.try_collective(lanes, mem)?;
                 continue;
@@ -1122,6 +1195,7 @@ impl Grid<'_> {
                 }
                 self.exec(t, ins, mem, arrived)
                     .map_err(|e| format!("line {} `{}`: {e}", ins.line, ins.op.name))?;
+                stamp_writes(t, ins);
             }
         }
         Ok(progress)
@@ -1639,6 +1713,7 @@ impl Grid<'_> {
                 return Ok(());
             }
             Base::Nop => {}
+            Base::WgFence => t.fences += 1,
             Base::WgCommit => t.wg_committed += 1,
             Base::WgWait => {
                 if self.lim.late_copies {

@@ -158,6 +158,9 @@ pub enum Base {
     TmapCp,
     /// `wgmma.mma_async` (shape m, n, k; tys: D, A, B), a warpgroup collective.
     Wgmma,
+    /// `wgmma.fence`: orders the thread's earlier register writes before the `wgmma.mma_async`
+    /// that read those registers (its accumulators or A fragments).
+    WgFence,
     /// `wgmma.commit_group`: the thread's `wgmma.mma_async` since the last one become a group.
     WgCommit,
     /// `wgmma.wait_group N`: every group of the thread's but the N most recent has completed.
@@ -413,7 +416,7 @@ fn decode_hopper(name: &str) -> Result<Option<Op>, String> {
     };
     let op = match (p[0], p.get(1).copied(), p.get(2).copied()) {
         ("setmaxnreg", ..) => mk(Base::Nop),
-        ("wgmma", Some("fence"), _) => mk(Base::Nop),
+        ("wgmma", Some("fence"), _) => mk(Base::WgFence),
         ("wgmma", Some("commit_group"), _) => mk(Base::WgCommit),
         ("wgmma", Some("wait_group"), _) => mk(Base::WgWait),
         ("wgmma", Some("mma_async"), _) => {
@@ -717,7 +720,14 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
 /// checking).
 pub fn min_operands(op: &Op) -> usize {
     match op.base {
-        Base::Ret | Base::Exit | Base::Nop | Base::CpAsyncCommit | Base::CpAsyncWaitAll | Base::WgCommit | Base::Unsupported => 0,
+        Base::Ret
+        | Base::Exit
+        | Base::Nop
+        | Base::CpAsyncCommit
+        | Base::CpAsyncWaitAll
+        | Base::WgFence
+        | Base::WgCommit
+        | Base::Unsupported => 0,
         Base::WgWait => 1,
         Base::CpAsyncMbar => 1,
         Base::Mbar if matches!(op.mode, hop::MB_INVAL) => 1,
