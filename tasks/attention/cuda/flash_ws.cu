@@ -77,10 +77,12 @@
 // configurations above, faster at 5,16,1,513,128 and 3,32,32,777,64) where that width pads L to at most 90%
 // of the keys BLOCK_N pads it to; the tiled body is a template of (key-tile width, stages, KVS) instantiated
 // for each, and the launch's shared memory covers the largest. Both are checked by the PTX interpreter
-// (`ksearch kb emulate`, which runs the wgmma / TMA / mbarrier path too) and compile for sm_90a, but neither
-// has been timed on a GPU as written here, so both default to 0 (bench/README.md has the commands that will time them). With both 0 the PTX
-// is byte for byte the build measured before they existed (every head size, TMA 0 / 1, the MLX unit,
-// QO_LHD, other tile widths), so the figures above stand.
+// (`ksearch kb emulate`, which runs the wgmma / TMA / mbarrier path too) and compile for sm_90a. Timed on
+// an H100 (2026-12-05, bench/h100-2026-12-05-scan-cq-attention.txt: stress suite first, then every element
+// of every timed run checked), WIDE 1 with SMALL_L 1 takes L = 1 from 13.6 to 5.4 us (torch SDPA 8.4),
+// 5,16,1,513,128 from 51.0 to 45.0 (cuDNN 46.8) and 3,32,32,777,64 to 61.4 (cuDNN 65.1), the anchor shapes
+// unchanged: both are the CUDA back-end's defaults; the MLX unit keeps 0 until they are timed inside MLX.
+// With both 0 the PTX is byte for byte the build measured before they existed.
 // EMU (a tunable: 0-3): the exponentials of EMU of every 8 n8 key chunks of the softmax computed on the FMA
 // and integer pipes (ex2_fma below: Cody-Waite rounding, a degree-3 polynomial, the exponent added as an
 // integer), the rest on MUFU, after FlashAttention-4's software exp2. MUFU gives 16 results a cycle per SM,
@@ -92,7 +94,8 @@
 // DA=1 (a tunable): each k-step's wgmma descriptor is the tile's first plus a constant instead of being
 // built from its address; the same descriptors. In NVRTC 13's machine code the block that issues a tile's
 // S and PV products (between a consumer's softmax and its next turn) goes from 128 instructions and a
-// 314-cycle one-warp schedule to 83 and 252. Checked by the PTX interpreter, not yet timed: default 0.
+// 314-cycle one-warp schedule to 83 and 252. Checked by the PTX interpreter; no faster on an H100
+// (2026-12-05: 449.1 against 449.2 us at 4,32,2048,128, 235.0 against 235.2 at 1,32,8,4096 causal): default 0.
 // RS=1 (not a tunable: correct on the H200, 2026-12-05, but no faster than without it): a warp moves its rows' running maxima only
 // where a tile's maximum exceeds one by more than 8 (log2 units), as FlashAttention-4 does on
 // Blackwell; otherwise it skips the rescale of its output accumulators (HDP / 2 multiplies a thread

@@ -52,7 +52,10 @@
 // bench/sass_census.py) K 16 / RT 1 fits 128 registers with SP 4 without spilling either way, but
 // without CQ ptxas serialises it to get there: its one-warp schedule of a chunk's unrolled body is 7785
 // cycles against 5883 with CQ (K 8 at the defaults: 3044 for half the steps); at 168 registers (CB 12),
-// 5765 against 4429. Not yet timed on a GPU: the default stays 0).
+// 5765 against 4429. Timed on an H100 (2026-12-05, bench/h100-2026-12-05-scan-cq-attention.txt), the
+// shorter schedules bought almost nothing: 1-2% slower at the defaults on every anchor shape, K 16 / RT 1
+// at 128 registers 1% faster with CQ and still slower than the defaults, d_inner 1536's K 16 / CB 12 /
+// RT 1 50.9 against 51.4 us. So the one-warp schedule ranks poorly here too: the default stays 0).
 // Measured on the H200 (2026-12-04, bench/h200-2026-12-04-scan-warp-2.txt): the defaults stay the
 // best single configuration; MW 24 with P2 1 takes d_inner 3072 (1,024 x 3,072 channels, 1.45 waves
 // at 16 warps per SM) into one wave, 42.0 us against 44.0; K 16, CB 12, RT 1 takes d_inner 1536 to
