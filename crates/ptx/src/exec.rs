@@ -197,10 +197,11 @@ struct Thread {
     wg_committed: u64,
     /// `wgmma.fence`s executed.
     fences: u32,
-    /// Kernels with `wgmma.mma_async` only: per register, (fences executed << 32 | PTX line) of
-    /// its last write by an ordinary instruction, `u64::MAX` where none wrote it since a `wgmma`
-    /// did. A `wgmma` reading a register stamped with the thread's current fence count reads a
-    /// write no `wgmma.fence` has ordered before it.
+    /// Kernels with `wgmma.mma_async` only: per register, ((fences executed + 1) << 32 | PTX
+    /// line) of its last write by an ordinary instruction, 0 where none wrote it since a `wgmma`
+    /// did (zero, so the vector is allocated without being written). A `wgmma` reading a
+    /// register stamped with the thread's current fence count reads a write no `wgmma.fence`
+    /// has ordered before it.
     wr: Vec<u64>,
 }
 
@@ -435,7 +436,7 @@ fn stamp_writes(t: &mut Thread, ins: &Instr) {
     if t.wr.is_empty() || matches!(ins.op.base, Base::Wgmma | Base::WgWait) {
         return;
     }
-    let stamp = (t.fences as u64) << 32 | ins.line as u64;
+    let stamp = (t.fences as u64 + 1) << 32 | ins.line as u64;
     match ins.args.first() {
         Some(Opd::Reg(r)) => t.wr[*r as usize] = stamp,
         Some(Opd::Vec(v)) => {
@@ -465,7 +466,7 @@ impl Grid<'_> {
                 wg_committed: 0,
                 fences: 0,
                 wr: if self.fenced {
-                    vec![u64::MAX; self.f.nregs as usize]
+                    vec![0; self.f.nregs as usize]
                 } else {
                     Vec::new()
                 },
@@ -809,7 +810,7 @@ impl Grid<'_> {
             for (o, v) in dregs.iter().zip(d) {
                 Self::write(t, o, *v as u64)?;
                 if let (Opd::Reg(reg), false) = (o, t.wr.is_empty()) {
-                    t.wr[*reg as usize] = u64::MAX;
+                    t.wr[*reg as usize] = 0;
                 }
             }
         }
@@ -835,7 +836,7 @@ impl Grid<'_> {
             for (o, what) in read {
                 let Opd::Reg(r) = o else { continue };
                 let w = t.wr[*r as usize];
-                if w != u64::MAX && (w >> 32) as u32 == t.fences {
+                if w >> 32 == t.fences as u64 + 1 {
                     return Err(format!(
                         "thread {ti} of the warpgroup reads an {what} register written at line {} with no `wgmma.fence` since (PTX requires one between a register's write and a wgmma that reads it)",
                         w & 0xFFFF_FFFF
