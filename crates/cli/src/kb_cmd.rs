@@ -673,7 +673,9 @@ fn emulate(
                         ran += 1;
                         failed += 1;
                         let first = e.lines().next().unwrap_or_default().to_string();
-                        println!("FAIL {kname} [{}] on {}: {first}", show(config), show(w));
+                        // The build that ran: its shape-tied tunables set for the workload.
+                        let built = k.specialise(config, w).unwrap_or_else(|| config.clone());
+                        println!("FAIL {kname} [{}] on {}: {first}", show(&built), show(w));
                         for l in e.lines().skip(1).take(20) {
                             println!("     {l}");
                         }
