@@ -666,6 +666,49 @@ fn emulate_runs_warp_scan_with_cm_folded_in_and_catches_a_lost_handoff() {
 }
 
 #[test]
+fn emulate_runs_flash_ws_blocks_striding_over_more_items_than_blocks_and_catches_skipped_ones() {
+    if !nvrtc_here() {
+        return;
+    }
+    // 128 items (64 heads x 2 query blocks) on CTAS = 114 blocks: some blocks take a second item
+    // (one at a time without the mask, a heavy and a light one under it). The task's emulate
+    // workloads all fit one wave, so this is the path they leave out.
+    let run = |file: Option<&std::path::Path>| {
+        let mut cmd = emulate("attention", "cuda", "flash_ws");
+        cmd.args(["-D", "CTAS=114"]);
+        for w in ["B=1,H=64,Hkv=16,L=129,D=64,causal=0", "B=1,H=64,Hkv=16,L=129,D=64,causal=1"] {
+            cmd.args(["--workload", w]);
+        }
+        if let Some(f) = file {
+            cmd.arg("--file").arg(f);
+        }
+        out(&mut cmd)
+    };
+    let (code, stdout, stderr) = run(None);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("ok   flash_ws")).count(),
+        2,
+        "{stdout}"
+    );
+    // Producer and consumers striding by twice the grid: every block's second item is never
+    // computed, its rows left as the poison.
+    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
+    let stride = "for (int p = blockIdx.x; p < groups; p += gridDim.x)";
+    assert_eq!(src.matches(stride).count(), 2, "flash_ws.cu changed");
+    let dir = tempfile::tempdir().unwrap();
+    let skip = dir.path().join("skip.cu");
+    std::fs::write(
+        &skip,
+        src.replace(stride, "for (int p = blockIdx.x; p < groups; p += 2 * gridDim.x)"),
+    )
+    .unwrap();
+    let (code, stdout, _) = run(Some(&skip));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.starts_with("FAIL flash_ws"), "{stdout}");
+}
+
+#[test]
 fn emulate_each_value_runs_every_tunable_value_of_the_scan_and_attention_kernels() {
     if !nvrtc_here() {
         return;

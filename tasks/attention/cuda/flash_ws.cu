@@ -20,7 +20,8 @@
 // not stored), grouped-query heads (query head h reads key/value head h / (H / Hkv)), causal
 // (tiles past the diagonal skipped), HD 64, 96 (laid out as 128 columns) or 128.
 // Persistent: the grid is min(work items, CTAS) blocks; where the items outnumber the blocks, each
-// block strides over pairs of (head, 128-row query block) items (work_item below). At CTAS = the
+// block strides over (head, 128-row query block) items, under the causal mask over pairs of them
+// (work_item below). At CTAS = the
 // SM count every SM keeps one block for the whole call and the producer loads the next item's Q
 // and K/V tiles while the consumers finish the last tiles of this one and store its output (Q's
 // buffer is handed back by an mbarrier once both consumers' last S products have completed).
@@ -81,8 +82,10 @@
 // an H100 (2026-12-05, bench/h100-2026-12-05-scan-cq-attention.txt: stress suite first, then every element
 // of every timed run checked), WIDE 1 with SMALL_L 1 takes L = 1 from 13.6 to 5.4 us (torch SDPA 8.4),
 // 5,16,1,513,128 from 51.0 to 45.0 (cuDNN 46.8) and 3,32,32,777,64 to 61.4 (cuDNN 65.1), the anchor shapes
-// unchanged: both are the CUDA back-end's defaults; the MLX unit keeps 0 until they are timed inside MLX.
-// With both 0 the PTX is byte for byte the build measured before they existed.
+// unchanged: both are the CUDA back-end's defaults. Inside MLX (H100, 2026-12-05,
+// bench/h100-2026-12-05-emu-smalll-mlx.txt, the MLX worker's judge) they take L = 1 to 1.37x of MLX's SDPA
+// (0.56x on the tiled path), 5,16,1,513,128 to 1.05x and 3,32,32,777,64 to 1.07x: the MLX unit's defaults too.
+// With both 0 the PTX was byte for byte the build measured before they existed.
 // EMU (a tunable: 0-3): the exponentials of EMU of every 8 n8 key chunks of the softmax computed on the FMA
 // and integer pipes (ex2_fma below: Cody-Waite rounding, a degree-3 polynomial, the exponent added as an
 // integer), the rest on MUFU, after FlashAttention-4's software exp2. MUFU gives 16 results a cycle per SM,
@@ -90,7 +93,9 @@
 // most of a warp's softmax: in NVRTC 13's machine code (bench/sass_census.py) the softmax block's one-warp
 // schedule is 769 cycles at EMU 0, 749 at EMU 1 and 2, 793 at 3 (each software exponential is seven or
 // eight instructions the warp issues itself). Checked by the PTX interpreter (masked keys, ragged tails,
-// both units), not yet timed: the default stays 0, whose build is byte for byte the one measured before.
+// both units). Slower on an H100 (2026-12-05, bench/h100-2026-12-05-emu-smalll-mlx.txt): 467-481 us (EMU 1)
+// and 484-493 (EMU 2) against 454 at 4,32,2048,128 without the mask; the shorter schedule did not turn
+// into time. The default stays 0 (whose build was byte for byte the one measured before EMU existed).
 // DA=1 (a tunable): each k-step's wgmma descriptor is the tile's first plus a constant instead of being
 // built from its address; the same descriptors. In NVRTC 13's machine code the block that issues a tile's
 // S and PV products (between a consumer's softmax and its next turn) goes from 128 instructions and a
@@ -416,9 +421,10 @@ template <int N> __device__ __forceinline__ void wgmma_s(float* d, unsigned long
 // Work items: (batch*head, 128-row query block), numbered head by head so that blocks running at
 // the same time read the same K/V (L2 reuse); under the causal mask a head's blocks are ordered
 // heaviest, lightest, second heaviest, second lightest, ... Where the items outnumber the blocks,
-// a block takes them two at a time (a pair: under the causal mask a heavy and a light block, nM + 1
-// key tiles together, so every pair costs about the same and a static stride balances the SMs)
-// and strides over the pairs by gridDim.x: with one block per SM it is persistent, the producer
+// under the causal mask a block takes them two at a time (a pair: a heavy and a light block, nM + 1
+// key tiles together, so every pair costs about the same and a static stride balances the SMs),
+// without it one at a time (every item costs the same), and strides over them by gridDim.x: with one
+// block per SM it is persistent, the producer
 // loading the next item's Q and K/V tiles while the consumers finish the last tiles and store the
 // output of this one.
 // Offset (elements) of row l of query head bh = b * H + h in q and o: [B, H, L, D] storage, or
@@ -542,9 +548,18 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
     const int Ln = (int)L, Hn = (int)H, grp = (int)(H / Hkv), cz = causal ? 1 : 0;
     const int nM = (Ln + BLOCK_M - 1) / BLOCK_M;
     const int items = (int)(B * H) * nM;
-    // Items two at a time only where the grid cannot hold them all at once (one wave needs no
-    // balancing, and a pair would double the latency of a small call).
+    // Items two at a time only under the causal mask (a heavy and a light one) and where the grid
+    // cannot hold them all at once (one wave needs no balancing, and a pair would double the latency
+    // of a small call). Without the mask every item costs the same, and pairs would only coarsen the
+    // stride: 384 items on 132 blocks are 3 rounds one at a time, 4 in pairs (H100, 2026-12-05,
+    // bench/h100-2026-12-05-attention-pairs.txt: 4,32,8,300,128 36.7 -> 30.7 us, 8,16,16,520,64 46.6 ->
+    // 40.2, 3,32,8,650,128 81.3 -> 70.0; shapes whose items divide evenly unchanged).
+    // (KS_PAIRS_ALWAYS, not a tunable: pairs without the mask too, as before, for timing the two.)
+#ifdef KS_PAIRS_ALWAYS
     const int per = items > (int)gridDim.x ? 2 : 1, groups = (items + per - 1) / per;
+#else
+    const int per = cz && items > (int)gridDim.x ? 2 : 1, groups = (items + per - 1) / per;
+#endif
     const int ntk = (Ln + BN - 1) / BN;  // key tiles; the last one may be partial
     // Key tiles of the query block starting at row m0.
     auto tiles = [&](int m0) { return cz ? min(ntk, (m0 + BLOCK_M + BN - 1) / BN) : ntk; };
