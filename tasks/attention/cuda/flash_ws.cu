@@ -124,6 +124,9 @@
 #ifndef TMA
 #define TMA 0
 #endif
+#ifndef TMA_MIN
+#define TMA_MIN 0
+#endif
 #ifndef RS
 #define RS 0
 #endif
@@ -520,7 +523,7 @@ __device__ __forceinline__ void work_item(int w, int nM, int causal, int& bh, in
 
 // The tiled path: key tiles of BN columns, a ring of ST stages, K and V of a stage released apart
 // (KV = 1) or together.
-template <int BN, int ST, int KV>
+template <int BN, int ST, int KV, bool TM>
 __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                                                               const unsigned short* __restrict__ k,
                                                               const unsigned short* __restrict__ v,
@@ -565,10 +568,10 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
     auto tiles = [&](int m0) { return cz ? min(ntk, (m0 + BLOCK_M + BN - 1) / BN) : ntk; };
     if (tid == 0) {
         for (int st = 0; st < ST; st++) {
-            mbar_init(sBar + 8 * st, TMA ? 1 : PT);
+            mbar_init(sBar + 8 * st, TM ? 1 : PT);
             mbar_init(sBar + 8 * (ST + st), 4 * NWG);
             if (KV) {
-                mbar_init(sBV + 8 * st, TMA ? 1 : PT);
+                mbar_init(sBV + 8 * st, TM ? 1 : PT);
                 mbar_init(sBV + 8 * (ST + st), 4 * NWG);
             }
         }
@@ -581,55 +584,58 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         // ---- producer ----
         setmaxnreg_dec<PREG>();
 #if TMA
-        if (tid >= 32) return;  // one warp builds the maps, one thread issues the copies
-        const unsigned sTm = sBar + 256;  // the three maps' shared copies, 128 bytes each
-        unsigned slot = 0;
-        if (tid == 0) slot = (unsigned)(atomicAdd(&ks_tm_ticket, 1ull) % TM_SLOTS);  // lands while the maps are built
-        // Zero the three maps (384 bytes) before any field is set.
-        asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(sTm + 8 * tid), "r"(0u) : "memory");
-        if (tid < 16) asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(sTm + 256 + 8 * tid), "r"(0u) : "memory");
-        __syncwarp();
-        if (tid == 0) {
-            const unsigned sk = sTm + 128, sv = sTm + 256;
-            // K and V: [B * Hkv, L, HD] as dimensions (HD, L, B * Hkv), boxes of 64 columns x BN keys.
-            tm_common<3>(sk, k);
-            tm_common<3>(sv, v);
-            tm_dim<0>(sk, 64, (unsigned)HD);
-            tm_dim<0>(sv, 64, (unsigned)HD);
-            tm_dim<1>(sk, BN, (unsigned)Ln);
-            tm_dim<1>(sv, BN, (unsigned)Ln);
-            tm_dim<2>(sk, 1, (unsigned)(B * Hkv));
-            tm_dim<2>(sv, 1, (unsigned)(B * Hkv));
-            tm_stride<0>(sk, 2ull * HD);
-            tm_stride<0>(sv, 2ull * HD);
-            tm_stride<1>(sk, 2ull * HD * Ln);
-            tm_stride<1>(sv, 2ull * HD * Ln);
+        const unsigned char* gTm = nullptr;
+        if constexpr (TM) {
+            if (tid >= 32) return;  // one warp builds the maps, one thread issues the copies
+            const unsigned sTm = sBar + 256;  // the three maps' shared copies, 128 bytes each
+            unsigned slot = 0;
+            if (tid == 0) slot = (unsigned)(atomicAdd(&ks_tm_ticket, 1ull) % TM_SLOTS);  // lands while the maps are built
+            // Zero the three maps (384 bytes) before any field is set.
+            asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(sTm + 8 * tid), "r"(0u) : "memory");
+            if (tid < 16) asm volatile("st.shared.v2.u32 [%0], {%1, %1};\n" ::"r"(sTm + 256 + 8 * tid), "r"(0u) : "memory");
+            __syncwarp();
+            if (tid == 0) {
+                const unsigned sk = sTm + 128, sv = sTm + 256;
+                // K and V: [B * Hkv, L, HD] as dimensions (HD, L, B * Hkv), boxes of 64 columns x BN keys.
+                tm_common<3>(sk, k);
+                tm_common<3>(sv, v);
+                tm_dim<0>(sk, 64, (unsigned)HD);
+                tm_dim<0>(sv, 64, (unsigned)HD);
+                tm_dim<1>(sk, BN, (unsigned)Ln);
+                tm_dim<1>(sv, BN, (unsigned)Ln);
+                tm_dim<2>(sk, 1, (unsigned)(B * Hkv));
+                tm_dim<2>(sv, 1, (unsigned)(B * Hkv));
+                tm_stride<0>(sk, 2ull * HD);
+                tm_stride<0>(sv, 2ull * HD);
+                tm_stride<1>(sk, 2ull * HD * Ln);
+                tm_stride<1>(sv, 2ull * HD * Ln);
 #if QO_LHD
-            // Q: [B, L, H, HD] as (HD, H, L, B), boxes of 64 columns x 1 head x BLOCK_M rows.
-            tm_common<4>(sTm, q);
-            tm_dim<0>(sTm, 64, (unsigned)HD);
-            tm_dim<1>(sTm, 1, (unsigned)Hn);
-            tm_dim<2>(sTm, BLOCK_M, (unsigned)Ln);
-            tm_dim<3>(sTm, 1, (unsigned)B);
-            tm_stride<0>(sTm, 2ull * HD);
-            tm_stride<1>(sTm, 2ull * HD * Hn);
-            tm_stride<2>(sTm, 2ull * HD * Hn * Ln);
+                // Q: [B, L, H, HD] as (HD, H, L, B), boxes of 64 columns x 1 head x BLOCK_M rows.
+                tm_common<4>(sTm, q);
+                tm_dim<0>(sTm, 64, (unsigned)HD);
+                tm_dim<1>(sTm, 1, (unsigned)Hn);
+                tm_dim<2>(sTm, BLOCK_M, (unsigned)Ln);
+                tm_dim<3>(sTm, 1, (unsigned)B);
+                tm_stride<0>(sTm, 2ull * HD);
+                tm_stride<1>(sTm, 2ull * HD * Hn);
+                tm_stride<2>(sTm, 2ull * HD * Hn * Ln);
 #else
-            // Q: [B * H, L, HD] as (HD, L, B * H), boxes of 64 columns x BLOCK_M rows.
-            tm_common<3>(sTm, q);
-            tm_dim<0>(sTm, 64, (unsigned)HD);
-            tm_dim<1>(sTm, BLOCK_M, (unsigned)Ln);
-            tm_dim<2>(sTm, 1, (unsigned)(B * Hn));
-            tm_stride<0>(sTm, 2ull * HD);
-            tm_stride<1>(sTm, 2ull * HD * Ln);
+                // Q: [B * H, L, HD] as (HD, L, B * H), boxes of 64 columns x BLOCK_M rows.
+                tm_common<3>(sTm, q);
+                tm_dim<0>(sTm, 64, (unsigned)HD);
+                tm_dim<1>(sTm, BLOCK_M, (unsigned)Ln);
+                tm_dim<2>(sTm, 1, (unsigned)(B * Hn));
+                tm_stride<0>(sTm, 2ull * HD);
+                tm_stride<1>(sTm, 2ull * HD * Ln);
 #endif
+            }
+            __syncwarp();  // lane 0's fields before the warp's copy
+            gTm = ks_tmaps + __shfl_sync(0xffffffff, slot, 0) * (3 * 128);
+            tm_publish(gTm, sTm);
+            tm_publish(gTm + 128, sTm + 128);
+            tm_publish(gTm + 256, sTm + 256);
+            if (tid != 0) return;
         }
-        __syncwarp();  // lane 0's fields before the warp's copy
-        const unsigned char* gTm = ks_tmaps + __shfl_sync(0xffffffff, slot, 0) * (3 * 128);
-        tm_publish(gTm, sTm);
-        tm_publish(gTm + 128, sTm + 128);
-        tm_publish(gTm + 256, sTm + 256);
-        if (tid != 0) return;
 #endif
         int T = 0, n = 0;  // tiles and items this block has loaded
         for (int p = blockIdx.x; p < groups; p += gridDim.x) {
@@ -641,12 +647,11 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 const int m0 = mb * BLOCK_M, nt = tiles(m0);
                 const long long kvh = (long long)(bh / Hn) * Hkv + (bh % Hn) / grp;  // key/value head
                 if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous item's S products are done
-#if !TMA
                 const unsigned short* Kg = k + kvh * L * HD;
                 const unsigned short* Vg = v + kvh * L * HD;
                 // Q's copies complete the full barrier of the item's first tile too.
-                load_tile<BLOCK_M, false>(sQ, q + qo_row(bh, m0, Hn, L), Ln - m0, tid, QO_LHD ? (long long)Hn * HD : HD);
-#endif
+                if constexpr (!TM)
+                    load_tile<BLOCK_M, false>(sQ, q + qo_row(bh, m0, Hn, L), Ln - m0, tid, QO_LHD ? (long long)Hn * HD : HD);
 #pragma unroll 1
                 for (int t = 0; t < nt; t++, T++) {
                     const int st = T % ST;
@@ -654,48 +659,49 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     if (T >= ST) mbar_wait(emptyK(T), ph);
                     const unsigned dst = sKV + 2 * st * TILE_B;
 #if TMA
-                    // Every box lands whole (out-of-bounds elements as zeros), so the bytes are
-                    // fixed; Q's boxes complete the full barrier of the item's first tile too.
-                    const unsigned fb = fullK(T), fv = fullV(T);
-                    mbar_expect_tx(fb, (KV ? 1 : 2) * TILE_B + (t == 0 ? Q_BYTES : 0));
-                    if (t == 0) {
+                    if constexpr (TM) {
+                        // Every box lands whole (out-of-bounds elements as zeros), so the bytes are
+                        // fixed; Q's boxes complete the full barrier of the item's first tile too.
+                        const unsigned fb = fullK(T), fv = fullV(T);
+                        mbar_expect_tx(fb, (KV ? 1 : 2) * TILE_B + (t == 0 ? Q_BYTES : 0));
+                        if (t == 0) {
 #pragma unroll
-                        for (int jb = 0; jb < HDP / 64; jb++) {
+                            for (int jb = 0; jb < HDP / 64; jb++) {
 #if QO_LHD
-                            tma4(sQ + jb * BLOCK_M * 128, gTm, 64 * jb, bh % Hn, m0, bh / Hn, fb);
+                                tma4(sQ + jb * BLOCK_M * 128, gTm, 64 * jb, bh % Hn, m0, bh / Hn, fb);
 #else
-                            tma3(sQ + jb * BLOCK_M * 128, gTm, 64 * jb, m0, bh, fb);
+                                tma3(sQ + jb * BLOCK_M * 128, gTm, 64 * jb, m0, bh, fb);
 #endif
+                            }
                         }
-                    }
 #pragma unroll
-                    for (int jb = 0; jb < HDP / 64; jb++) tma3(dst + jb * BN * 128, gTm + 128, 64 * jb, t * BN, (int)kvh, fb);
-                    if (KV) {
-                        if (T >= ST) mbar_wait(emptyV(T), ph);
-                        mbar_expect_tx(fv, TILE_B);
-                    }
+                        for (int jb = 0; jb < HDP / 64; jb++) tma3(dst + jb * BN * 128, gTm + 128, 64 * jb, t * BN, (int)kvh, fb);
+                        if (KV) {
+                            if (T >= ST) mbar_wait(emptyV(T), ph);
+                            mbar_expect_tx(fv, TILE_B);
+                        }
 #pragma unroll
-                    for (int jb = 0; jb < HDP / 64; jb++)
-                        tma3(dst + TILE_B + jb * BN * 128, gTm + 256, 64 * jb, t * BN, (int)kvh, fv);
-#else
-                    const long long off = (long long)t * BN * HD;
-                    const int kv = min(BN, Ln - t * BN);
-                    if (kv == BN) load_tile<BN, true>(dst, Kg + off, kv, tid);
-                    else load_tile<BN, false>(dst, Kg + off, kv, tid);
-                    if (KV) {
-                        mbar_arrive_cp(fullK(T));  // arrives once this thread's copies so far have landed
-                        if (T >= ST) mbar_wait(emptyV(T), ph);
-                    }
-                    if (kv == BN) load_tile<BN, true>(dst + TILE_B, Vg + off, kv, tid);
-                    else load_tile<BN, false>(dst + TILE_B, Vg + off, kv, tid);
-                    mbar_arrive_cp(fullV(T));
+                        for (int jb = 0; jb < HDP / 64; jb++)
+                            tma3(dst + TILE_B + jb * BN * 128, gTm + 256, 64 * jb, t * BN, (int)kvh, fv);
+                    } else
 #endif
+                    {
+                        const long long off = (long long)t * BN * HD;
+                        const int kv = min(BN, Ln - t * BN);
+                        if (kv == BN) load_tile<BN, true>(dst, Kg + off, kv, tid);
+                        else load_tile<BN, false>(dst, Kg + off, kv, tid);
+                        if (KV) {
+                            mbar_arrive_cp(fullK(T));  // arrives once this thread's copies so far have landed
+                            if (T >= ST) mbar_wait(emptyV(T), ph);
+                        }
+                        if (kv == BN) load_tile<BN, true>(dst + TILE_B, Vg + off, kv, tid);
+                        else load_tile<BN, false>(dst + TILE_B, Vg + off, kv, tid);
+                        mbar_arrive_cp(fullV(T));
+                    }
                 }
             }
         }
-#if !TMA
-        cp_wait_all();  // nothing of this block in flight when the producer exits
-#endif
+        if constexpr (!TM) cp_wait_all();  // nothing of this block in flight when the producer exits
     } else {
         // ---- consumers: warpgroup c owns query rows m0 + 64c .. m0 + 64c + 63 of each item ----
         setmaxnreg_inc<CREG>();
@@ -714,13 +720,13 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         // Tile T (counted over the block's items) has landed in its stage.
         auto wait_tile = [&](int T) {
             mbar_wait(fullK(T), (T / ST) & 1);
-            if (!TMA) fence_proxy_async();  // cp.async writes are the generic proxy's; TMA's the async proxy's
+            if (!TM) fence_proxy_async();  // cp.async writes are the generic proxy's; TMA's the async proxy's
         };
         // Tile T's V has landed (KV; otherwise it came with K).
         auto wait_v = [&](int T) {
             if (KV) {
                 mbar_wait(fullV(T), (T / ST) & 1);
-                if (!TMA) fence_proxy_async();
+                if (!TM) fence_proxy_async();
             }
         };
         // This warp's S product of tile T has completed: its K may be overwritten (KV).
@@ -934,6 +940,30 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
     }
 }
 
+// The tiled path with its loads on TMA (TM) or cp.async. TMA_MIN > 0 (with TMA): a call whose blocks
+// have fewer than TMA_MIN key tiles each takes cp.async, whose producer starts loading at once, where
+// TMA's first load waits for the block's tensor maps to be built and published (at L = 1 that was
+// 12.1 us against 7.3, H200): the per-tile gain does not pay for the maps over a few tiles. H100,
+// 2026-12-05 (bench/h100-2026-12-05-attention-tma-min.txt): TMA_MIN 16 took 2,32,32,140,128 from 15.3 to
+// 13.0 us (cuDNN 13.5) and 4,32,8,24,128 causal from 11.3 to 8.3 (cuDNN 9.7), but with both paths in the
+// build the TMA path of long calls ran 1-2.5% slower (457.8 -> 469.2 us at 4,32,2048,128): default 0.
+template <int BN, int ST, int KV>
+__device__ __forceinline__ void tiled(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+                                      const unsigned short* __restrict__ v, unsigned short* __restrict__ o,
+                                      KS_AXIS B, KS_AXIS H, KS_AXIS Hkv, KS_AXIS L, KS_AXIS D, KS_AXIS causal) {
+#if TMA && TMA_MIN > 0
+    // Key tiles per block: items (128-row query blocks) per block times their tiles of BN keys, half
+    // of them under the mask.
+    const long long nM = (L + BLOCK_M - 1) / BLOCK_M, items = B * H * nM;
+    const long long per = (items + gridDim.x - 1) / gridDim.x, ntk = (L + BN - 1) / BN;
+    if (per * (causal ? (ntk + 1) / 2 : ntk) < TMA_MIN) {
+        attn_tiled<BN, ST, KV, false>(q, k, v, o, B, H, Hkv, L, D, causal);
+        return;
+    }
+#endif
+    attn_tiled<BN, ST, KV, TMA != 0>(q, k, v, o, B, H, Hkv, L, D, causal);
+}
+
 extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned short* __restrict__ q,
                                                               const unsigned short* __restrict__ k,
                                                               const unsigned short* __restrict__ v,
@@ -952,11 +982,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
         const long long p160 = (L + 159) / 160 * 160, p176 = (L + 175) / 176 * 176;
         const long long pb = (L + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
         if (min(p160, p176) * 10 < pb * 9) {
-            if (p176 <= p160) attn_tiled<176, 2, 1>(q, k, v, o, B, H, Hkv, L, D, causal);
-            else attn_tiled<160, 2, 1>(q, k, v, o, B, H, Hkv, L, D, causal);
+            if (p176 <= p160) tiled<176, 2, 1>(q, k, v, o, B, H, Hkv, L, D, causal);
+            else tiled<160, 2, 1>(q, k, v, o, B, H, Hkv, L, D, causal);
             return;
         }
     }
 #endif
-    attn_tiled<BLOCK_N, STAGES, KVS>(q, k, v, o, B, H, Hkv, L, D, causal);
+    tiled<BLOCK_N, STAGES, KVS>(q, k, v, o, B, H, Hkv, L, D, causal);
 }
