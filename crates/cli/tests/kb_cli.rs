@@ -672,40 +672,41 @@ fn emulate_runs_flash_ws_blocks_striding_over_more_items_than_blocks_and_catches
     }
     // 128 items (64 heads x 2 query blocks) on CTAS = 114 blocks: some blocks take a second item
     // (one at a time without the mask, a heavy and a light one under it). The task's emulate
-    // workloads all fit one wave, so this is the path they leave out.
-    let run = |file: Option<&std::path::Path>| {
-        let mut cmd = emulate("attention", "cuda", "flash_ws");
-        cmd.args(["-D", "CTAS=114"]);
-        for w in ["B=1,H=64,Hkv=16,L=129,D=64,causal=0", "B=1,H=64,Hkv=16,L=129,D=64,causal=1"] {
-            cmd.args(["--workload", w]);
-        }
-        if let Some(f) = file {
-            cmd.arg("--file").arg(f);
-        }
-        out(&mut cmd)
-    };
-    let (code, stdout, stderr) = run(None);
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    assert_eq!(
-        stdout.lines().filter(|l| l.starts_with("ok   flash_ws")).count(),
-        2,
-        "{stdout}"
-    );
-    // Producer and consumers striding by twice the grid: every block's second item is never
-    // computed, its rows left as the poison.
+    // workloads all fit one wave, so this is the path they leave out. On both units: MLX's grid
+    // counts threads, so its unit runs 114 blocks too, not 114 x 384 (before that was read right,
+    // the MLX unit's blocks never strode and the broken build below passed there).
     let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
     let stride = "for (int p = blockIdx.x; p < groups; p += gridDim.x)";
     assert_eq!(src.matches(stride).count(), 2, "flash_ws.cu changed");
     let dir = tempfile::tempdir().unwrap();
     let skip = dir.path().join("skip.cu");
+    // Producer and consumers striding by twice the grid: every block's second item is never
+    // computed, its rows left as the poison.
     std::fs::write(
         &skip,
         src.replace(stride, "for (int p = blockIdx.x; p < groups; p += 2 * gridDim.x)"),
     )
     .unwrap();
-    let (code, stdout, _) = run(Some(&skip));
-    assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.starts_with("FAIL flash_ws"), "{stdout}");
+    for backend in ["cuda", "mlx-cuda"] {
+        let run = |file: Option<&std::path::Path>| {
+            let mut cmd = emulate("attention", backend, "flash_ws");
+            cmd.args(["-D", "CTAS=114"]);
+            for w in ["B=1,H=64,Hkv=16,L=129,D=64,causal=0", "B=1,H=64,Hkv=16,L=129,D=64,causal=1"] {
+                cmd.args(["--workload", w]);
+            }
+            if let Some(f) = file {
+                cmd.arg("--file").arg(f);
+            }
+            out(&mut cmd)
+        };
+        let (code, stdout, stderr) = run(None);
+        assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
+        let ok = stdout.lines().filter(|l| l.starts_with("ok   flash_ws")).count();
+        assert_eq!(ok, 2, "{backend}: {stdout}");
+        let (code, stdout, _) = run(Some(&skip));
+        assert_eq!(code, 1, "{backend}: {stdout}");
+        assert!(stdout.starts_with("FAIL flash_ws"), "{backend}: {stdout}");
+    }
 }
 
 #[test]

@@ -377,12 +377,23 @@ fn emulate_cuda_once(
     let mut asynchronous = 0u64;
     let mut bufs: Vec<Vec<u8>> = run.buffers.iter_mut().map(|b| std::mem::take(&mut b.bytes)).collect();
     for l in &k.launches {
-        let g = |i: usize| eval(&l.grid[i], &format!("launch `{}` grid", l.entry));
         let b = |i: usize| eval(&l.block[i], &format!("launch `{}` block", l.entry));
+        let block = [b(0)?, b(1)?, b(2)?];
+        // MLX's grid counts threads (as its worker launches a unit); the CUDA back-end's, blocks.
+        let g = |i: usize| -> Result<u32, String> {
+            let v = eval(&l.grid[i], &format!("launch `{}` grid", l.entry))?;
+            if backend != Backend::MlxCuda {
+                return Ok(v);
+            }
+            if block[i] == 0 {
+                return Err(format!("launch `{}` block `{}` = 0", l.entry, l.block[i]));
+            }
+            Ok(v.div_ceil(block[i]))
+        };
         let launch = ksearch_ptx::Launch {
             entry: l.entry.clone(),
             grid: [g(0)?, g(1)?, g(2)?],
-            block: [b(0)?, b(1)?, b(2)?],
+            block,
             dynamic_shared: eval(&l.shared, &format!("launch `{}` shared", l.entry))?,
         };
         let lim = ksearch_ptx::Limits {

@@ -410,6 +410,7 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
         fenced: f.instrs.iter().any(|i| i.op.base == Base::Wgmma),
     };
     let shared_bytes = module.static_shared as usize + launch.dynamic_shared as usize;
+    let mut pool = Vec::new();
     for z in 0..launch.grid[2] {
         for y in 0..launch.grid[1] {
             for x in 0..launch.grid[0] {
@@ -420,7 +421,8 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
                 mem.tmaps.clear();
                 mem.pending.clear();
                 mem.wgq.clear();
-                g.block(&mut mem).map_err(|e| format!("block ({x}, {y}, {z}): {e}"))?;
+                g.block(&mut mem, &mut pool)
+                    .map_err(|e| format!("block ({x}, {y}, {z}): {e}"))?;
             }
         }
     }
@@ -451,27 +453,51 @@ fn stamp_writes(t: &mut Thread, ins: &Instr) {
 }
 
 impl Grid<'_> {
-    fn block(&mut self, mem: &mut Mem) -> R<()> {
+    /// One block, its threads taken from (and put back into) `pool`: a kernel's registers are
+    /// counted in the tens of thousands (NVRTC's PTX numbers every value), so a block's threads
+    /// hold megabytes that the next block reuses, zeroed, instead of allocating them again.
+    fn block(&mut self, mem: &mut Mem, pool: &mut Vec<Thread>) -> R<()> {
         let b = self.l.block;
-        let mut threads: Vec<Thread> = (0..self.nthreads)
-            .map(|i| Thread {
-                pc: 0,
-                st: St::Run,
-                regs: vec![0; self.f.nregs as usize],
-                local: vec![0; self.f.local_bytes as usize],
-                tid: [i % b[0], (i / b[0]) % b[1], i / (b[0] * b[1])],
-                linear: i,
-                open: Vec::new(),
-                groups: VecDeque::new(),
-                wg_committed: 0,
-                fences: 0,
-                wr: if self.fenced {
-                    vec![0; self.f.nregs as usize]
-                } else {
-                    Vec::new()
-                },
-            })
-            .collect();
+        let mut threads = std::mem::take(pool);
+        if threads.is_empty() {
+            threads = (0..self.nthreads)
+                .map(|i| Thread {
+                    pc: 0,
+                    st: St::Run,
+                    regs: vec![0; self.f.nregs as usize],
+                    local: vec![0; self.f.local_bytes as usize],
+                    tid: [i % b[0], (i / b[0]) % b[1], i / (b[0] * b[1])],
+                    linear: i,
+                    open: Vec::new(),
+                    groups: VecDeque::new(),
+                    wg_committed: 0,
+                    fences: 0,
+                    wr: if self.fenced {
+                        vec![0; self.f.nregs as usize]
+                    } else {
+                        Vec::new()
+                    },
+                })
+                .collect();
+        } else {
+            for t in threads.iter_mut() {
+                t.pc = 0;
+                t.st = St::Run;
+                t.regs.fill(0);
+                t.local.fill(0);
+                t.open.clear();
+                t.groups.clear();
+                t.wg_committed = 0;
+                t.fences = 0;
+                t.wr.fill(0);
+            }
+        }
+        let r = self.run_block(mem, &mut threads);
+        *pool = threads;
+        r
+    }
+
+    fn run_block(&mut self, mem: &mut Mem, threads: &mut [Thread]) -> R<()> {
         let nwarps = self.nthreads.div_ceil(32) as usize;
         let mut start = 0usize;
         // bar.arrive counts per barrier id
@@ -501,13 +527,13 @@ impl Grid<'_> {
                 // Copies nobody waited for still land (their bytes are the block's to lose).
                 return self.land_pending(&threads[0], mem, None);
             }
-            if self.release_barriers(&mut threads, &mut arrived)? {
+            if self.release_barriers(threads, &mut arrived)? {
                 continue;
             }
-            if self.release_warpgroups(&mut threads, mem)? {
+            if self.release_warpgroups(threads, mem)? {
                 continue;
             }
-            if self.land_wgmma(&mut threads, mem)? {
+            if self.land_wgmma(threads, mem)? {
                 continue;
             }
             if !progress && !mem.pending.is_empty() {
