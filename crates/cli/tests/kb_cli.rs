@@ -666,6 +666,45 @@ fn emulate_runs_warp_scan_with_cm_folded_in_and_catches_a_lost_handoff() {
 }
 
 #[test]
+fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase() {
+    if !nvrtc_here() {
+        return;
+    }
+    // tw_scan's warps hand the state over run by run through shared memory and an mbarrier (no
+    // block barrier): 38 runs of 8 steps over 8 warps with a ragged tail, so every warp waits on
+    // both phases of its mbarrier several times.
+    let run = |file: Option<&std::path::Path>| {
+        let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
+        cmd.args(["--workload", "batch=1,L=300,D=24,N=16"]);
+        if let Some(f) = file {
+            cmd.arg("--file").arg(f);
+        }
+        out(&mut cmd)
+    };
+    let (code, stdout, stderr) = run(None);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.starts_with("ok   tw_scan"), "{stdout}");
+    let src = std::fs::read_to_string(tasks_dir().join("mamba_scan/cuda/tw_scan.cu")).unwrap();
+    let wait = "mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));";
+    assert!(src.contains(wait), "tw_scan.cu changed");
+    let dir = tempfile::tempdir().unwrap();
+    // The entering state read without waiting for it: poison reaches y.
+    let early = dir.path().join("early.cu");
+    std::fs::write(&early, src.replace(wait, "")).unwrap();
+    // Warp 0 waiting on the phase before its first hand-over: it never completes.
+    let phase = dir.path().join("phase.cu");
+    std::fs::write(&phase, src.replace(wait, "mb_wait(&sm.mb[w], (unsigned)(j & 1));")).unwrap();
+    for (file, want) in [(&early, "NaN of 7200"), (&phase, "deadlock")] {
+        let (code, stdout, _) = run(Some(file));
+        assert_eq!(code, 1, "{file:?}: {stdout}");
+        assert!(
+            stdout.starts_with("FAIL tw_scan") && stdout.contains(want),
+            "{file:?}: {stdout}"
+        );
+    }
+}
+
+#[test]
 fn emulate_runs_flash_ws_blocks_striding_over_more_items_than_blocks_and_catches_skipped_ones() {
     if !nvrtc_here() {
         return;
@@ -715,10 +754,12 @@ fn emulate_each_value_runs_every_tunable_value_of_the_scan_and_attention_kernels
         return;
     }
     // Every value the search may pick, each alone beside the defaults, on ragged multi-chunk
-    // shapes: K 16 with CB 6 or 12 (rounds that do not divide a chunk), RT, P2, SP, BF, MW, CQ.
+    // shapes: K 16 with CB 6 or 12 (rounds that do not divide a chunk), RT, P2, SP, BF, MW, CQ;
+    // tw_scan's G, W, K and SL.
     // flash_ws: every tile width, stage count, KVS, TMA 0 / 1, PP, CTAS, WIDE, SMALL_L, EMU and DA value.
     for (task, kernel, at_least) in [
         ("mamba_scan", "warp_scan", 48),
+        ("mamba_scan", "tw_scan", 20),
         ("attention", "flash", 16),
         ("attention", "flash_ws", 40),
     ] {

@@ -1,0 +1,367 @@
+// Selective scan with time split over the warps of a block and channels over the lanes of a warp,
+// and no block-wide barrier in the loop: one launch, every exp(delta * A) computed once, no scratch.
+//
+// warp_scan puts a channel's steps across the lanes of a warp: every lane reads its own steps'
+// (Bm, Cm), and composing the lanes' maps costs five shuffle rounds per state and chunk plus a
+// decay product kept per step for the second pass. Here a warp's lanes hold CH = 32 / G channels of
+// the block, G lanes per channel and S = NS / G states per lane, and time is cut into runs of K
+// steps dealt round-robin to the block's W warps (run r to warp r mod W), all for the same CH
+// channels. For each of its runs a warp
+//  1. copies the run's raw rows into a ring of its own (cp.async, SL runs ahead: delta and u of the
+//     CH channels, Bm and Cm), so no other warp waits on its loads;
+//  2. runs the K steps from a zero state, keeping each step's decay e = exp2(delta A log2 e) and
+//     input x = delta u Bm in registers (S K of each); its map over the run is h -> P h + hl with
+//     P = exp2(A log2(e) * sum delta) (one MUFU per state and run, no product kept per step);
+//  3. waits for the state entering the run, handed over by the warp of run r - 1 through shared
+//     memory and an mbarrier, forms the state leaving it (P h_in + hl: one FMA per state) and hands
+//     that to the warp of run r + 1 at once: the only chain between warps is one FMA, a shared-memory
+//     store and an mbarrier per run;
+//  4. runs the steps again from the entering state (h = e h + x, one FMA) adding Cm h to its
+//     partial y, sums the G partials of each (step, channel) with Dv u in its own part of shared
+//     memory and stores its rows of y.
+// Per step and state that is one MUFU and, beside it, the multiply for its argument, x, the two
+// recurrences and y's FMA: no shuffles, no decay products. A warp's lanes read the same step, so a
+// step's (Bm, Cm) row is the same few shared-memory addresses for the whole warp. Runs and warps
+// proceed as a wavefront: a warp starts its next run's first pass while the hand-over passes
+// through the other warps. A hand-over slot and its mbarrier phase are reused only after the
+// consumer has read them: the producer's next hand-over to the same warp needs the state leaving
+// that warp's run, which it forms after its wait.
+//
+// Any L (steps past L are zeros: exp2(0) = 1 and x = 0 leave the state unchanged; y stored only
+// below L; the warp of the last run stores the final state), any D (channels past D have A = 0 and
+// zero inputs and are not stored; element loads where D's rows are not aligned to the pieces).
+// Tunables: NS (== N), G (lanes per channel: 2, 4, 8), W (warps per block: 4, 8, 16), K (steps per
+// run: 4, 8, 16), SL (runs in a warp's ring: 2 or 3).
+// Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
+// checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
+// same call: G 4, W 8, K 8, SL 3 (the defaults) 102.6-104.9 us at 1,4096,2048 (warp_scan 102.8-105.9),
+// 18.4-18.6 at L 512 (18.7-18.8), 54.4-55.2 at d_inner 1536 (warp_scan's best there 51.0-51.2), 46.4-47.6
+// at 3072 (44.4-44.8), 105.3-107.6 at batch 4 (104.1-104.4): within a few per cent of warp_scan, not past
+// it. Nsight Compute at 1,4096,2048: 71.9 M warp instructions issued on 67% of cycles, warp_scan 64.7 M on
+// 62%; the spin on the hand-over's mbarrier adds instructions, and waits on it ("wait", branch stalls)
+// replace warp_scan's shuffle and shared-memory waits. Once, SL 2 took 264.7 us at 1,4096,2048 (108.5 in
+// the next call): SL 3 is the default. Two designs before it were slower and were replaced: the block's
+// warps in lock-step (a chunk of W runs staged and converted for the block, the runs' maps composed by
+// threads per (channel, state) between block barriers, four barriers a chunk: 114.8 us), and each warp
+// composing the W - 1 maps published since its own previous run instead of the hand-over chain (147.9 us:
+// W - 1 mbarrier waits a run).
+#ifndef KS_AXIS
+#define KS_AXIS long long
+#endif
+#ifndef NS
+#define NS 16
+#endif
+#ifndef G
+#define G 4
+#endif
+#ifndef W
+#define W 8
+#endif
+#ifndef K
+#define K 8
+#endif
+#ifndef SL
+#define SL 3
+#endif
+#define CH (32 / G)            // channels per block (and per warp)
+#define S (NS / G)             // states per lane
+#define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
+#define PB (RB < 16 ? RB : 16) // bytes per cp.async piece of those rows
+#define RP (RB / PB)           // pieces per row
+#define HP (PB / 2)            // halves per piece
+#define MINB (16 / W)          // blocks per SM the register allocation must allow (128 registers)
+#define LOG2E 1.4426950408889634f
+#if NS != 8 && NS != 16
+#error "NS must be 8 or 16"
+#endif
+#if G != 2 && G != 4 && G != 8
+#error "G must be 2, 4 or 8"
+#endif
+#if NS % G != 0
+#error "G must divide NS"
+#endif
+#if W != 4 && W != 8 && W != 16
+#error "W must be 4, 8 or 16"
+#endif
+#if K != 4 && K != 8 && K != 16
+#error "K must be 4, 8 or 16"
+#endif
+#if SL != 2 && SL != 3
+#error "SL must be 2 or 3"
+#endif
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// PB bytes from g, or zeros when n == 0 (nothing is read then).
+__device__ __forceinline__ void cp_row(void* s, const void* g, int n) {
+#if PB == 16
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+#elif PB == 8
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+#else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp16(void* s, const void* g, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void mb_init(unsigned long long* m, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(m)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(unsigned long long* m) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(m)) : "memory");
+}
+__device__ __forceinline__ void mb_wait(unsigned long long* m, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(smem_addr(m)), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("{.reg .b16 t;\n mov.b16 t, %1;\n cvt.f32.f16 %0, t;}" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+
+struct __align__(16) Run {      // one run's raw rows
+    unsigned short dl[K][CH];  // delta of the CH channels
+    unsigned short uu[K][CH];  // u
+    unsigned short bm[K][NS];
+    unsigned short cm[K][NS];
+};
+struct __align__(16) Smem {
+    Run ring[W][SL];                // each warp's runs, SL ahead
+    float ys[W][K][32];             // each warp's partial y (lane = channel * G + state group)
+    float hx[W][2][CH * NS];        // the state entering a warp's run, by the run's parity
+    unsigned long long mb[W];       // a hand-over to warp w completes a phase of mb[w] (32 arrivals)
+};
+// What the launch's shared-memory expression in task.toml counts.
+static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 128 * K + 8 * CH * NS + 8), "Smem size");
+
+// S consecutive halves from shared memory, widened.
+__device__ __forceinline__ void ld_s(const unsigned short* p, float (&v)[S]) {
+#if S == 1
+    v[0] = h2f(*p);
+#else
+    unsigned wv[S / 2];
+#if S == 8
+    const uint4 q = *(const uint4*)p;
+    wv[0] = q.x;
+    wv[1] = q.y;
+    wv[2] = q.z;
+    wv[3] = q.w;
+#elif S == 4
+    const uint2 q = *(const uint2*)p;
+    wv[0] = q.x;
+    wv[1] = q.y;
+#else
+    wv[0] = *(const unsigned*)p;
+#endif
+#pragma unroll
+    for (int j = 0; j < S / 2; j++) {
+        v[2 * j] = h2f((unsigned short)wv[j]);
+        v[2 * j + 1] = h2f((unsigned short)(wv[j] >> 16));
+    }
+#endif
+}
+__device__ __forceinline__ void ld_f(const float* p, float (&v)[S]) {
+#if S % 4 == 0
+#pragma unroll
+    for (int j = 0; j < S; j += 4) {
+        const float4 q = *(const float4*)(p + j);
+        v[j] = q.x;
+        v[j + 1] = q.y;
+        v[j + 2] = q.z;
+        v[j + 3] = q.w;
+    }
+#elif S == 2
+    const float2 q = *(const float2*)p;
+    v[0] = q.x;
+    v[1] = q.y;
+#else
+    v[0] = *p;
+#endif
+}
+__device__ __forceinline__ void st_f(float* p, const float (&v)[S]) {
+#if S % 4 == 0
+#pragma unroll
+    for (int j = 0; j < S; j += 4) *(float4*)(p + j) = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+#elif S == 2
+    *(float2*)p = make_float2(v[0], v[1]);
+#else
+    *p = v[0];
+#endif
+}
+
+// A run's raw rows into the warp's ring (steps from nt on and channels past D are zeros). A lane
+// copies at most one piece of the delta and u rows (K RP <= 32) and one 16-byte piece of the Bm and
+// Cm rows (K NS / 8 <= 32), at offsets fixed for the whole call (off: t D + HP p of its delta
+// piece, tp its step, -1 without one); rows not aligned to the pieces (al false) go element by
+// element. dl, uu, bm, cm point at the run's first step.
+static_assert(K * RP <= 32 && K * NS / 8 <= 32, "one piece a lane");
+__device__ __forceinline__ void load_run(Run& rn, const unsigned short* dl, const unsigned short* uu,
+                                         const unsigned short* bm, const unsigned short* cm, long long off, int tp,
+                                         bool pch, long long D, int nt, int nc, bool al, int lane) {
+    if (al) {
+        if (tp >= 0) {
+            const bool ok = tp < nt && pch;
+            cp_row(&rn.dl[0][0] + HP * lane, ok ? dl + off : dl, ok ? PB : 0);
+            cp_row(&rn.uu[0][0] + HP * lane, ok ? uu + off : uu, ok ? PB : 0);
+        }
+    } else {
+        for (int i = lane; i < K * CH; i += 32) {
+            const int t = i / CH, c = i % CH;
+            const bool ok = t < nt && c < nc;
+            const long long x = (long long)t * D + c;
+            rn.dl[t][c] = ok ? dl[x] : (unsigned short)0;
+            rn.uu[t][c] = ok ? uu[x] : (unsigned short)0;
+        }
+    }
+    if (K * NS / 8 == 32 || lane < K * NS / 8) {
+        const bool ok = 8 * lane < nt * NS;
+        cp16(&rn.bm[0][0] + 8 * lane, ok ? bm + 8 * lane : bm, ok ? 16 : 0);
+        cp16(&rn.cm[0][0] + 8 * lane, ok ? cm + 8 * lane : cm, ok ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
+    const unsigned short* __restrict__ u, const unsigned short* __restrict__ delta, const float* __restrict__ A,
+    const unsigned short* __restrict__ Bm, const unsigned short* __restrict__ Cm, const float* __restrict__ Dv,
+    unsigned short* __restrict__ y, float* __restrict__ state, KS_AXIS batch_, KS_AXIS L_, KS_AXIS D_, KS_AXIS N_) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+    const long long L = L_, D = D_;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int c = lane / G, n0 = (lane % G) * S;  // the lane's channel in the block, its first state
+    const long long b = blockIdx.y;
+    const long long d0 = (long long)blockIdx.x * CH;
+    const int nc = (int)min((long long)CH, D - d0);
+    const bool al = (D * 2) % PB == 0;  // every block's rows start on a piece boundary
+    const unsigned short* dlg = delta + b * L * D + d0;
+    const unsigned short* ug = u + b * L * D + d0;
+    const unsigned short* bg = Bm + b * L * NS;
+    const unsigned short* cg = Cm + b * L * NS;
+    unsigned short* yg = y + b * L * D + d0;
+
+    float a2[S];  // A log2(e) of the lane's states (0 past D)
+#pragma unroll
+    for (int s = 0; s < S; s++) a2[s] = c < nc ? A[(d0 + c) * NS + n0 + s] * LOG2E : 0.f;
+    const float dvl = n0 == 0 && c < nc ? Dv[d0 + c] : 0.f;  // Dv u enters y once per channel
+    if (tid < W) mb_init(&sm.mb[tid], 32);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();  // the only block barrier: the mbarriers exist
+
+    const int Ln = (int)L;
+    const int nrun = (Ln + K - 1) / K;  // runs of the sequence; warp w takes runs w, w + W, ...
+    const int mine = nrun > w ? (nrun - w + W - 1) / W : 0;
+    const int tp = lane < K * RP ? lane / RP : -1;           // the lane's piece of the delta and u rows
+    const long long off = (long long)(lane / RP) * D + HP * (lane % RP);
+    const bool pch = HP * (lane % RP) < nc;
+    const long long KD = (long long)K * D;
+    const long long yoff = (long long)(lane / (CH / 2)) * D + 2 * (lane % (CH / 2));  // the lane's first y word
+    const long long ystr = (long long)(32 / (CH / 2)) * D;
+#define RUN_PTRS(r) dlg + (r) * KD, ug + (r) * KD, bg + (long long)(r) * K * NS, cg + (long long)(r) * K * NS, off, tp, \
+                    pch, D, min(K, Ln - (r) * K), nc, al, lane
+#pragma unroll
+    for (int j = 0; j < SL - 1; j++) {
+        if (j < mine) load_run(sm.ring[w][j], RUN_PTRS(w + j * W));
+        cp_commit();
+    }
+    for (int j = 0; j < mine; j++) {
+        const int r = w + j * W;
+        if (j + SL - 1 < mine) load_run(sm.ring[w][(j + SL - 1) % SL], RUN_PTRS(r + (SL - 1) * W));
+        cp_commit();
+        cp_wait<SL - 1>();  // this run's rows have landed (this lane's copies)
+        __syncwarp();       // and every lane's
+        const Run& rn = sm.ring[w][j % SL];
+
+        // 2. the run from zero, keeping each step's decay and input, and Dv u
+        float e[S][K], x[S][K], sk[K], h[S], sdt = 0.f;
+#pragma unroll
+        for (int i = 0; i < K; i++) {
+            const float dt = h2f(rn.dl[i][c]), uv = h2f(rn.uu[i][c]);
+            const float du = dt * uv;
+            float bv[S];
+            ld_s(&rn.bm[i][n0], bv);
+            sdt += dt;
+            sk[i] = dvl * uv;
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                e[s][i] = ex2(dt * a2[s]);
+                x[s][i] = du * bv[s];
+                h[s] = i == 0 ? x[s][0] : fmaf(e[s][i], h[s], x[s][i]);
+            }
+        }
+
+        // 3. the state entering the run, and the state leaving it handed on at once
+        float hin[S], p[S];
+#pragma unroll
+        for (int s = 0; s < S; s++) p[s] = ex2(sdt * a2[s]);  // the run's decay product, before the wait
+        if (r == 0) {
+#pragma unroll
+            for (int s = 0; s < S; s++) hin[s] = 0.f;
+        } else {
+            mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));  // warp 0's first wait is for run W
+            ld_f(&sm.hx[w][(r / W) & 1][c * NS + n0], hin);
+        }
+        {
+            float ho[S];
+#pragma unroll
+            for (int s = 0; s < S; s++) ho[s] = fmaf(p[s], hin[s], h[s]);
+            if (r + 1 < nrun) {
+                const int wn = (w + 1) % W;
+                st_f(&sm.hx[wn][((r + 1) / W) & 1][c * NS + n0], ho);
+                mb_arrive(&sm.mb[wn]);  // release: the states above are visible to warp wn's acquire
+            } else if (c < nc) {
+#pragma unroll
+                for (int s = 0; s < S; s++) state[(b * D + d0 + c) * NS + n0 + s] = ho[s];  // the last run's
+            }
+        }
+
+        // 4. the run again from the entering state; Cm . h of the lane's states to y
+#pragma unroll
+        for (int i = 0; i < K; i++) {
+            float cv[S];
+            ld_s(&rn.cm[i][n0], cv);
+            float yi = sk[i];
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                hin[s] = fmaf(e[s][i], hin[s], x[s][i]);
+                yi = fmaf(cv[s], hin[s], yi);
+            }
+            sm.ys[w][i][lane] = yi;
+        }
+        __syncwarp();
+        // the G partials of two channels a lane, stored as one word where the rows are aligned and whole
+        const int nt = min(K, Ln - r * K);
+        unsigned short* yr = yg + r * KD;
+        if (al && nc == CH) {
+            const int c2 = 2 * (lane % (CH / 2));  // the same two channels for every q (32 is a multiple of CH / 2)
+#pragma unroll
+            for (int q = 0; q < (K * CH / 2 + 31) / 32; q++) {
+                const int i = lane + 32 * q;
+                const int t = i / (CH / 2);
+                if (((K * CH / 2) % 32 != 0 && i >= K * CH / 2) || t >= nt) continue;
+                float y0 = 0.f, y1 = 0.f;
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    y0 += sm.ys[w][t][c2 * G + g];
+                    y1 += sm.ys[w][t][(c2 + 1) * G + g];
+                }
+                *(unsigned*)(yr + yoff + q * ystr) = (unsigned)f2h(y0) | ((unsigned)f2h(y1) << 16);
+            }
+        } else {
+            for (int i = lane; i < nt * CH; i += 32) {
+                const int t = i / CH, cc = i % CH;
+                if (cc >= nc) continue;
+                float yv = 0.f;
+#pragma unroll
+                for (int g = 0; g < G; g++) yv += sm.ys[w][t][cc * G + g];
+                yr[(long long)t * D + cc] = f2h(yv);
+            }
+        }
+        __syncwarp();  // ys read before the next run's partials; the ring slot free for its next load
+    }
+    cp_wait<0>();
+}
