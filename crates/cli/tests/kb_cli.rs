@@ -339,7 +339,7 @@ fn emulate_runs_every_cuda_kernel_of_every_task_through_the_ptx_interpreter() {
         ("softmax", 2),
         ("rmsnorm", 2),
         ("mamba_step", 2),
-        ("mamba_scan", 7),
+        ("mamba_scan", 8),
         ("attention", 5),
     ] {
         let (code, stdout, stderr) =
@@ -671,22 +671,26 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         return;
     }
     // tw_scan's warps hand the state over run by run through shared memory and an mbarrier (no
-    // block barrier): 38 runs of 8 steps over 8 warps with a ragged tail, so every warp waits on
-    // both phases of its mbarrier several times.
-    let run = |file: Option<&std::path::Path>| {
+    // block barrier): 19 runs of 16 steps over 8 warps with a ragged tail, so a warp waits on both
+    // phases of its mbarrier; with HS 4 the chain's warps also wait on the maps of the runs after
+    // theirs.
+    let run = |hs: &str, file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
-        cmd.args(["--workload", "batch=1,L=300,D=24,N=16"]);
+        cmd.args(["-D", hs, "--workload", "batch=1,L=300,D=24,N=16"]);
         if let Some(f) = file {
             cmd.arg("--file").arg(f);
         }
         out(&mut cmd)
     };
-    let (code, stdout, stderr) = run(None);
-    assert_eq!(code, 0, "{stdout}{stderr}");
-    assert!(stdout.starts_with("ok   tw_scan"), "{stdout}");
+    for hs in ["HS=1", "HS=4"] {
+        let (code, stdout, stderr) = run(hs, None);
+        assert_eq!(code, 0, "{hs}: {stdout}{stderr}");
+        assert!(stdout.starts_with("ok   tw_scan") && stdout.contains(hs), "{stdout}");
+    }
     let src = std::fs::read_to_string(tasks_dir().join("mamba_scan/cuda/tw_scan.cu")).unwrap();
     let wait = "mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));";
-    assert!(src.contains(wait), "tw_scan.cu changed");
+    let map_wait = "mb_wait(&sm.mm[wq], (unsigned)(rq / W) & 1);";
+    assert!(src.contains(wait) && src.contains(map_wait), "tw_scan.cu changed");
     let dir = tempfile::tempdir().unwrap();
     // The entering state read without waiting for it: poison reaches y.
     let early = dir.path().join("early.cu");
@@ -694,11 +698,14 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // Warp 0 waiting on the phase before its first hand-over: it never completes.
     let phase = dir.path().join("phase.cu");
     std::fs::write(&phase, src.replace(wait, "mb_wait(&sm.mb[w], (unsigned)(j & 1));")).unwrap();
-    for (file, want) in [(&early, "NaN of 7200"), (&phase, "deadlock")] {
-        let (code, stdout, _) = run(Some(file));
+    // The chain's warp reading a later run's map without waiting for it.
+    let map = dir.path().join("map.cu");
+    std::fs::write(&map, src.replace(map_wait, "")).unwrap();
+    for (hs, file) in [("HS=1", &early), ("HS=1", &phase), ("HS=4", &map)] {
+        let (code, stdout, _) = run(hs, Some(file));
         assert_eq!(code, 1, "{file:?}: {stdout}");
         assert!(
-            stdout.starts_with("FAIL tw_scan") && stdout.contains(want),
+            stdout.starts_with("FAIL tw_scan") && (stdout.contains("NaN of 7200") || stdout.contains("deadlock")),
             "{file:?}: {stdout}"
         );
     }

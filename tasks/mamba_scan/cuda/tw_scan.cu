@@ -31,20 +31,27 @@
 // below L; the warp of the last run stores the final state), any D (channels past D have A = 0 and
 // zero inputs and are not stored; element loads where D's rows are not aligned to the pieces).
 // Tunables: NS (== N), G (lanes per channel: 2, 4, 8), W (warps per block: 4, 8, 16), K (steps per
-// run: 4, 8, 16), SL (runs in a warp's ring: 2 or 3).
+// run: 4, 8, 16), SL (runs in a warp's ring: 2 or 3), XR (1: only the decays kept, the inputs formed
+// again from Bm in the last pass: half the registers, so runs twice as long, half the hand-overs), HS
+// (1, 2, 4: runs per link of the hand-over chain; the chain's warp composes the maps of the HS - 1
+// runs after its own, published through shared memory and an mbarrier each).
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
-// same call: G 4, W 8, K 8, SL 3 (the defaults) 102.6-104.9 us at 1,4096,2048 (warp_scan 102.8-105.9),
-// 18.4-18.6 at L 512 (18.7-18.8), 54.4-55.2 at d_inner 1536 (warp_scan's best there 51.0-51.2), 46.4-47.6
-// at 3072 (44.4-44.8), 105.3-107.6 at batch 4 (104.1-104.4): within a few per cent of warp_scan, not past
-// it. Nsight Compute at 1,4096,2048: 71.9 M warp instructions issued on 67% of cycles, warp_scan 64.7 M on
-// 62%; the spin on the hand-over's mbarrier adds instructions, and waits on it ("wait", branch stalls)
-// replace warp_scan's shuffle and shared-memory waits. Once, SL 2 took 264.7 us at 1,4096,2048 (108.5 in
-// the next call): SL 3 is the default. Two designs before it were slower and were replaced: the block's
-// warps in lock-step (a chunk of W runs staged and converted for the block, the runs' maps composed by
-// threads per (channel, state) between block barriers, four barriers a chunk: 114.8 us), and each warp
-// composing the W - 1 maps published since its own previous run instead of the hand-over chain (147.9 us:
-// W - 1 mbarrier waits a run).
+// same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
+// warp_scan 102.0), 17.7 at L 512 (1.43x; 18.6), 49.3 at d_inner 1536 (1.24x; warp_scan's best there
+// 50.6), 41.3 at 3072 (1.40x; 44.2), 95.7 at batch 4 (1.44x; 103.5; G 2 / K 8 / XR 1 88.4, 1.56x).
+// What binds it is the hand-over chain: one link per run, and the chain runs through every run of the
+// sequence. With K 8 and every step's input kept (XR 0: runs of 16 steps do not fit 128 registers) it
+// ran at warp_scan's pace, 102.6-104.9 us at 1,4096,2048; Nsight Compute there: 71.9 M warp
+// instructions issued on 67% of cycles (warp_scan 64.7 M on 62%), the warps waiting on the hand-over;
+// a try_wait that suspends the thread (a 1 ms hint) instead of the poll changed nothing (104.73
+// against 104.85 us). XR 1 makes the runs 16 steps long, half the links: 92.5 us. HS 2 and 4 cut the
+// links further and were checked by the PTX interpreter only, not timed (no device time was left).
+// Once, SL 2 took 264.7 us at 1,4096,2048 with K 8 (108.5 in the next call): SL 3 is the default. Two
+// designs before this one were slower and were replaced: the block's warps in lock-step (a chunk of W
+// runs staged and converted for the block, the runs' maps composed by threads per (channel, state)
+// between block barriers, four barriers a chunk: 114.8 us with K 8), and each warp composing the W - 1
+// maps published since its own previous run instead of a chain (147.9 us: W - 1 mbarrier waits a run).
 #ifndef KS_AXIS
 #define KS_AXIS long long
 #endif
@@ -58,10 +65,16 @@
 #define W 8
 #endif
 #ifndef K
-#define K 8
+#define K 16
 #endif
 #ifndef SL
 #define SL 3
+#endif
+#ifndef XR
+#define XR 1
+#endif
+#ifndef HS
+#define HS 1
 #endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
@@ -88,6 +101,12 @@
 #endif
 #if SL != 2 && SL != 3
 #error "SL must be 2 or 3"
+#endif
+#if XR != 0 && XR != 1
+#error "XR must be 0 or 1"
+#endif
+#if HS != 1 && HS != 2 && HS != 4
+#error "HS must be 1, 2 or 4"
 #endif
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -134,10 +153,13 @@ struct __align__(16) Smem {
     Run ring[W][SL];                // each warp's runs, SL ahead
     float ys[W][K][32];             // each warp's partial y (lane = channel * G + state group)
     float hx[W][2][CH * NS];        // the state entering a warp's run, by the run's parity
+    float mp[W][CH * NS];           // HS > 1: the map h -> P h + H of a warp's run, for the chain's warp
+    float mh[W][CH * NS];
     unsigned long long mb[W];       // a hand-over to warp w completes a phase of mb[w] (32 arrivals)
+    unsigned long long mm[W];       // HS > 1: warp w's map published completes a phase of mm[w]
 };
 // What the launch's shared-memory expression in task.toml counts.
-static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 128 * K + 8 * CH * NS + 8), "Smem size");
+static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 128 * K + 16 * CH * NS + 16), "Smem size");
 
 // S consecutive halves from shared memory, widened.
 __device__ __forceinline__ void ld_s(const unsigned short* p, float (&v)[S]) {
@@ -248,7 +270,10 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #pragma unroll
     for (int s = 0; s < S; s++) a2[s] = c < nc ? A[(d0 + c) * NS + n0 + s] * LOG2E : 0.f;
     const float dvl = n0 == 0 && c < nc ? Dv[d0 + c] : 0.f;  // Dv u enters y once per channel
-    if (tid < W) mb_init(&sm.mb[tid], 32);
+    if (tid < W) {
+        mb_init(&sm.mb[tid], 32);
+        mb_init(&sm.mm[tid], 32);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     __syncthreads();  // the only block barrier: the mbarriers exist
 
@@ -276,8 +301,12 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         __syncwarp();       // and every lane's
         const Run& rn = sm.ring[w][j % SL];
 
-        // 2. the run from zero, keeping each step's decay and input, and Dv u
+        // 2. the run from zero, keeping each step's decay and input (XR: delta u only), and Dv u
+#if XR
+        float e[S][K], dus[K], sk[K], h[S], sdt = 0.f;
+#else
         float e[S][K], x[S][K], sk[K], h[S], sdt = 0.f;
+#endif
 #pragma unroll
         for (int i = 0; i < K; i++) {
             const float dt = h2f(rn.dl[i][c]), uv = h2f(rn.uu[i][c]);
@@ -286,18 +315,37 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             ld_s(&rn.bm[i][n0], bv);
             sdt += dt;
             sk[i] = dvl * uv;
+#if XR
+            dus[i] = du;
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                e[s][i] = ex2(dt * a2[s]);
+                const float xv = du * bv[s];
+                h[s] = i == 0 ? xv : fmaf(e[s][i], h[s], xv);
+            }
+#else
 #pragma unroll
             for (int s = 0; s < S; s++) {
                 e[s][i] = ex2(dt * a2[s]);
                 x[s][i] = du * bv[s];
                 h[s] = i == 0 ? x[s][0] : fmaf(e[s][i], h[s], x[s][i]);
             }
+#endif
         }
 
-        // 3. the state entering the run, and the state leaving it handed on at once
+        // 3. the state entering the run, and the states leaving runs handed on. With HS > 1 only
+        // every HS-th run's warp (the chain's) takes part in the chain: it composes the maps the next
+        // HS - 1 runs' warps publish, hands each of them its entering state and the next chain run
+        // the state leaving the last, so the chain takes one hand-over per HS runs.
         float hin[S], p[S];
 #pragma unroll
         for (int s = 0; s < S; s++) p[s] = ex2(sdt * a2[s]);  // the run's decay product, before the wait
+        const bool chain = r % HS == 0;  // W % HS == 0: a warp is in the chain for all its runs or none
+        if (HS > 1 && !chain) {
+            st_f(&sm.mp[w][c * NS + n0], p);
+            st_f(&sm.mh[w][c * NS + n0], h);
+            mb_arrive(&sm.mm[w]);  // read by the chain's warp before it hands this run its state
+        }
         if (r == 0) {
 #pragma unroll
             for (int s = 0; s < S; s++) hin[s] = 0.f;
@@ -305,13 +353,28 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));  // warp 0's first wait is for run W
             ld_f(&sm.hx[w][(r / W) & 1][c * NS + n0], hin);
         }
-        {
-            float ho[S];
+        if (chain) {
+            float ho[S];  // the state leaving run r, then each later run of the group
 #pragma unroll
             for (int s = 0; s < S; s++) ho[s] = fmaf(p[s], hin[s], h[s]);
-            if (r + 1 < nrun) {
-                const int wn = (w + 1) % W;
-                st_f(&sm.hx[wn][((r + 1) / W) & 1][c * NS + n0], ho);
+            int last = r;
+#pragma unroll
+            for (int q = 1; q < HS; q++) {
+                const int rq = r + q, wq = w + q;
+                if (rq >= nrun) break;
+                mb_wait(&sm.mm[wq], (unsigned)(rq / W) & 1);
+                float pq[S], hq[S];
+                ld_f(&sm.mp[wq][c * NS + n0], pq);  // before the hand-over: warp wq reuses its map slot after it
+                ld_f(&sm.mh[wq][c * NS + n0], hq);
+                st_f(&sm.hx[wq][(rq / W) & 1][c * NS + n0], ho);
+                mb_arrive(&sm.mb[wq]);
+#pragma unroll
+                for (int s = 0; s < S; s++) ho[s] = fmaf(pq[s], ho[s], hq[s]);
+                last = rq;
+            }
+            if (last + 1 < nrun) {
+                const int wn = (w + HS) % W;  // the next chain run, r + HS
+                st_f(&sm.hx[wn][((last + 1) / W) & 1][c * NS + n0], ho);
                 mb_arrive(&sm.mb[wn]);  // release: the states above are visible to warp wn's acquire
             } else if (c < nc) {
 #pragma unroll
@@ -325,11 +388,21 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             float cv[S];
             ld_s(&rn.cm[i][n0], cv);
             float yi = sk[i];
+#if XR
+            float bv[S];  // the inputs again from Bm, still in the ring
+            ld_s(&rn.bm[i][n0], bv);
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                hin[s] = fmaf(e[s][i], hin[s], dus[i] * bv[s]);
+                yi = fmaf(cv[s], hin[s], yi);
+            }
+#else
 #pragma unroll
             for (int s = 0; s < S; s++) {
                 hin[s] = fmaf(e[s][i], hin[s], x[s][i]);
                 yi = fmaf(cv[s], hin[s], yi);
             }
+#endif
             sm.ys[w][i][lane] = yi;
         }
         __syncwarp();
