@@ -362,7 +362,7 @@ fn emulate_runs_every_cuda_kernel_of_every_task_through_the_ptx_interpreter() {
                     .args(["kb", "emulate", task, "--backend", "mlx-cuda"]));
             assert_eq!(code, 0, "{stdout}{stderr}");
             let units = passed_kernels(&stdout);
-            assert_eq!(units.len(), 3, "{stdout}");
+            assert_eq!(units.len(), 4, "{stdout}");
             assert!(stdout.contains("skip seed") && stdout.contains("an MLX body"), "{stdout}");
         }
         if task == "attention" {
