@@ -9,8 +9,9 @@
 // channels. For each of its runs a warp
 //  1. copies the run's raw rows into a ring of its own (cp.async, SL runs ahead: delta and u of the
 //     CH channels, Bm and Cm), so no other warp waits on its loads;
-//  2. runs the K steps from a zero state, keeping each step's decay e = exp2(delta A log2 e) and
-//     input x = delta u Bm in registers (S K of each); its map over the run is h -> P h + hl with
+//  2. runs the K steps from a zero state, keeping each step's decay e = exp2(delta A log2 e) in
+//     registers (and with XR 0 its input x = delta u Bm; XR 1 keeps delta u per step and forms x
+//     again from Bm in the second pass); its map over the run is h -> P h + hl with
 //     P = exp2(A log2(e) * sum delta) (one MUFU per state and run, no product kept per step);
 //  3. waits for the state entering the run, handed over by the warp of run r - 1 through shared
 //     memory and an mbarrier, forms the state leaving it (P h_in + hl: one FMA per state) and hands
@@ -46,7 +47,7 @@
 // instructions issued on 67% of cycles (warp_scan 64.7 M on 62%), the warps waiting on the hand-over;
 // a try_wait that suspends the thread (a 1 ms hint) instead of the poll changed nothing (104.73
 // against 104.85 us). XR 1 makes the runs 16 steps long, half the links: 92.5 us. HS 2 and 4 cut the
-// links further and were checked by the PTX interpreter only, not timed (no device time was left).
+// links further and are checked by the PTX interpreter only, not yet timed on a GPU.
 // Once, SL 2 took 264.7 us at 1,4096,2048 with K 8 (108.5 in the next call): SL 3 is the default. Two
 // designs before this one were slower and were replaced: the block's warps in lock-step (a chunk of W
 // runs staged and converted for the block, the runs' maps composed by threads per (channel, state)
