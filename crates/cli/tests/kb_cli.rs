@@ -673,24 +673,34 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // tw_scan's warps hand the state over run by run through shared memory and an mbarrier (no
     // block barrier): 19 runs of 16 steps over 8 warps with a ragged tail, so a warp waits on both
     // phases of its mbarrier; with HS 4 the chain's warps also wait on the maps of the runs after
-    // theirs.
-    let run = |hs: &str, file: Option<&std::path::Path>| {
+    // theirs; with CV 1 both passes read the run's Bm and Cm rows the warp widened once.
+    let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
-        cmd.args(["-D", hs, "--workload", "batch=1,L=300,D=24,N=16"]);
+        for d in defs {
+            cmd.args(["-D", d]);
+        }
+        cmd.args(["--workload", "batch=1,L=300,D=24,N=16"]);
         if let Some(f) = file {
             cmd.arg("--file").arg(f);
         }
         out(&mut cmd)
     };
-    for hs in ["HS=1", "HS=4"] {
-        let (code, stdout, stderr) = run(hs, None);
-        assert_eq!(code, 0, "{hs}: {stdout}{stderr}");
-        assert!(stdout.starts_with("ok   tw_scan") && stdout.contains(hs), "{stdout}");
+    for defs in [&["HS=1"][..], &["HS=4"], &["HS=1", "CV=1"], &["HS=4", "CV=1"]] {
+        let (code, stdout, stderr) = run(defs, None);
+        assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
+        assert!(
+            stdout.starts_with("ok   tw_scan") && defs.iter().all(|d| stdout.contains(d)),
+            "{stdout}"
+        );
     }
     let src = std::fs::read_to_string(tasks_dir().join("mamba_scan/cuda/tw_scan.cu")).unwrap();
     let wait = "mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));";
     let map_wait = "mb_wait(&sm.mm[wq], (unsigned)(rq / W) & 1);";
-    assert!(src.contains(wait) && src.contains(map_wait), "tw_scan.cu changed");
+    let widen_cm = "widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);";
+    assert!(
+        src.contains(wait) && src.contains(map_wait) && src.contains(widen_cm),
+        "tw_scan.cu changed"
+    );
     let dir = tempfile::tempdir().unwrap();
     // The entering state read without waiting for it: poison reaches y.
     let early = dir.path().join("early.cu");
@@ -701,14 +711,20 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // The chain's warp reading a later run's map without waiting for it.
     let map = dir.path().join("map.cu");
     std::fs::write(&map, src.replace(map_wait, "")).unwrap();
-    for (hs, file) in [("HS=1", &early), ("HS=1", &phase), ("HS=4", &map)] {
-        let (code, stdout, _) = run(hs, Some(file));
+    for (defs, file) in [(&["HS=1"][..], &early), (&["HS=1"], &phase), (&["HS=4"], &map)] {
+        let (code, stdout, _) = run(defs, Some(file));
         assert_eq!(code, 1, "{file:?}: {stdout}");
         assert!(
             stdout.starts_with("FAIL tw_scan") && (stdout.contains("NaN of 7200") || stdout.contains("deadlock")),
             "{file:?}: {stdout}"
         );
     }
+    // CV 1 with the Cm rows widened from the Bm rows: y is wrong, the final state is not.
+    let cm = dir.path().join("cm.cu");
+    std::fs::write(&cm, src.replace(widen_cm, "widen(&rn.bm[0][0], &sm.cf[w][0][0], lane);")).unwrap();
+    let (code, stdout, _) = run(&["CV=1"], Some(&cm));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.starts_with("FAIL tw_scan") && stdout.contains("`y`"), "{stdout}");
 }
 
 #[test]

@@ -35,7 +35,14 @@
 // run: 4, 8, 16), SL (runs in a warp's ring: 2 or 3), XR (1: only the decays kept, the inputs formed
 // again from Bm in the last pass: half the registers, so runs twice as long, half the hand-overs), HS
 // (1, 2, 4: runs per link of the hand-over chain; the chain's warp composes the maps of the HS - 1
-// runs after its own, published through shared memory and an mbarrier each).
+// runs after its own, published through shared memory and an mbarrier each), CV (1: the warp widens
+// each run's Bm and Cm rows to f32 in shared memory once, after they land; without it every lane
+// converts the halves it reads in both passes, and the 32 / G lanes of a warp that read the same
+// state group convert the same halves: in NVRTC 13's machine code (bench/sass_census.py, --blocks)
+// the loop's blocks go from 440 + 33 + 375 + 63 to 36 + 372 + 33 + 249 + 63 instructions a run at the
+// defaults, 17% fewer, with no spills; 18% fewer at G 2 / K 8. Checked by the PTX interpreter; not
+// yet timed on a GPU, so not the default. Widening delta and u the same way, as (delta, delta u, u)
+// per step and channel, cost as many instructions as it saved and spilled: not kept).
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -77,6 +84,9 @@
 #ifndef HS
 #define HS 1
 #endif
+#ifndef CV
+#define CV 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -108,6 +118,9 @@
 #endif
 #if HS != 1 && HS != 2 && HS != 4
 #error "HS must be 1, 2 or 4"
+#endif
+#if CV != 0 && CV != 1
+#error "CV must be 0 or 1"
 #endif
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -158,9 +171,14 @@ struct __align__(16) Smem {
     float mh[W][CH * NS];
     unsigned long long mb[W];       // a hand-over to warp w completes a phase of mb[w] (32 arrivals)
     unsigned long long mm[W];       // HS > 1: warp w's map published completes a phase of mm[w]
+#if CV
+    float bf[W][K][NS];             // CV: the warp's current run's Bm and Cm rows, widened once
+    float cf[W][K][NS];
+#endif
 };
 // What the launch's shared-memory expression in task.toml counts.
-static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 128 * K + 16 * CH * NS + 16), "Smem size");
+static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 128 * K + 16 * CH * NS + 16 + CV * 8 * K * NS),
+              "Smem size");
 
 // S consecutive halves from shared memory, widened.
 __device__ __forceinline__ void ld_s(const unsigned short* p, float (&v)[S]) {
@@ -216,6 +234,19 @@ __device__ __forceinline__ void st_f(float* p, const float (&v)[S]) {
     *p = v[0];
 #endif
 }
+
+#if CV
+// CV: a run's Bm (or Cm) rows, K NS halves, widened into f32 by the warp: four consecutive halves a
+// lane at a time (8-byte loads, 16-byte stores, both without bank conflicts).
+__device__ __forceinline__ void widen(const unsigned short* src, float* dst, int lane) {
+#pragma unroll
+    for (int i = 4 * lane; i < K * NS; i += 128) {
+        const uint2 q = *(const uint2*)(src + i);
+        *(float4*)(dst + i) = make_float4(h2f((unsigned short)q.x), h2f((unsigned short)(q.x >> 16)),
+                                          h2f((unsigned short)q.y), h2f((unsigned short)(q.y >> 16)));
+    }
+}
+#endif
 
 // A run's raw rows into the warp's ring (steps from nt on and channels past D are zeros). A lane
 // copies at most one piece of the delta and u rows (K RP <= 32) and one 16-byte piece of the Bm and
@@ -301,6 +332,18 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         cp_wait<SL - 1>();  // this run's rows have landed (this lane's copies)
         __syncwarp();       // and every lane's
         const Run& rn = sm.ring[w][j % SL];
+#if CV
+        // the run's Bm and Cm rows widened once for the warp, not once per lane in each pass (every
+        // lane of a warp reads the same rows: 32 / G lanes converted the same halves before)
+        widen(&rn.bm[0][0], &sm.bf[w][0][0], lane);
+        widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);
+        __syncwarp();
+#define LD_BM(i, v) ld_f(&sm.bf[w][i][n0], v)
+#define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
+#else
+#define LD_BM(i, v) ld_s(&rn.bm[i][n0], v)
+#define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)
+#endif
 
         // 2. the run from zero, keeping each step's decay and input (XR: delta u only), and Dv u
 #if XR
@@ -313,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             const float dt = h2f(rn.dl[i][c]), uv = h2f(rn.uu[i][c]);
             const float du = dt * uv;
             float bv[S];
-            ld_s(&rn.bm[i][n0], bv);
+            LD_BM(i, bv);
             sdt += dt;
             sk[i] = dvl * uv;
 #if XR
@@ -387,11 +430,11 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #pragma unroll
         for (int i = 0; i < K; i++) {
             float cv[S];
-            ld_s(&rn.cm[i][n0], cv);
+            LD_CM(i, cv);
             float yi = sk[i];
 #if XR
             float bv[S];  // the inputs again from Bm, still in the ring
-            ld_s(&rn.bm[i][n0], bv);
+            LD_BM(i, bv);
 #pragma unroll
             for (int s = 0; s < S; s++) {
                 hin[s] = fmaf(e[s][i], hin[s], dus[i] * bv[s]);
@@ -436,6 +479,8 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             }
         }
         __syncwarp();  // ys read before the next run's partials; the ring slot free for its next load
+#undef LD_BM
+#undef LD_CM
     }
     cp_wait<0>();
 }
