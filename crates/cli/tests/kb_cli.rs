@@ -673,7 +673,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // tw_scan's warps hand the state over run by run through shared memory and an mbarrier (no
     // block barrier): 19 runs of 16 steps over 8 warps with a ragged tail, so a warp waits on both
     // phases of its mbarrier; with HS 4 the chain's warps also wait on the maps of the runs after
-    // theirs; with CV 1 both passes read the run's Bm and Cm rows the warp widened once.
+    // theirs; with CV 1 both passes read the run's Bm and Cm rows the warp widened once; with HO 1
+    // a link is one PTX sequence (wait, read, FMA, store, arrive).
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -685,7 +686,14 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         }
         out(&mut cmd)
     };
-    for defs in [&["HS=1"][..], &["HS=4"], &["HS=1", "CV=1"], &["HS=4", "CV=1"]] {
+    for defs in [
+        &["HS=1"][..],
+        &["HS=4"],
+        &["HS=1", "CV=1"],
+        &["HS=4", "CV=1"],
+        &["HO=1"],
+        &["HO=1", "CV=1"],
+    ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
         assert!(
@@ -697,8 +705,9 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let wait = "mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));";
     let map_wait = "mb_wait(&sm.mm[wq], (unsigned)(rq / W) & 1);";
     let widen_cm = "widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);";
+    let retry = r#""@!w bra WAIT;\n""#;
     assert!(
-        src.contains(wait) && src.contains(map_wait) && src.contains(widen_cm),
+        src.contains(wait) && src.contains(map_wait) && src.contains(widen_cm) && src.contains(retry),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -711,7 +720,16 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // The chain's warp reading a later run's map without waiting for it.
     let map = dir.path().join("map.cu");
     std::fs::write(&map, src.replace(map_wait, "")).unwrap();
-    for (defs, file) in [(&["HS=1"][..], &early), (&["HS=1"], &phase), (&["HS=4"], &map)] {
+    // HO's link taking one try_wait for the phase's end: the first try of an open phase answers
+    // false, as the GPU's may.
+    let once = dir.path().join("once.cu");
+    std::fs::write(&once, src.replace(retry, "")).unwrap();
+    for (defs, file) in [
+        (&["HS=1"][..], &early),
+        (&["HS=1"], &phase),
+        (&["HS=4"], &map),
+        (&["HO=1"], &once),
+    ] {
         let (code, stdout, _) = run(defs, Some(file));
         assert_eq!(code, 1, "{file:?}: {stdout}");
         assert!(

@@ -6,8 +6,9 @@
 //! the block's live threads (or its count). `cp.async` copies land only at the thread's
 //! `cp.async.wait_group` that covers them, so a read before the wait sees what was there before.
 //! Hopper: an mbarrier's phase completes when its arrivals and transaction bytes are in; a
-//! thread whose `try_wait` finds its phase open sleeps until some phase completes (a deadlock is
-//! reported, not spun on); `wgmma.mma_async` waits for its warpgroup's 128 threads. Asynchronous
+//! thread's first `try_wait` of a phase still open answers false (the hardware's may, once its
+//! time limit passes: a kernel must try again), and a `try_wait` of that phase again sleeps
+//! until some phase completes (a deadlock is reported, not spun on); `wgmma.mma_async` waits for its warpgroup's 128 threads. Asynchronous
 //! results land at issue, or with `Limits::late_copies` as late as they may: copies completing
 //! on an mbarrier (TMA, `cp.async` + `cp.async.mbarrier.arrive`) when their barrier is waited on,
 //! and a `wgmma.mma_async` is computed at the first `wgmma.wait_group` that retires its group
@@ -203,6 +204,10 @@ struct Thread {
     /// register stamped with the thread's current fence count reads a write no `wgmma.fence`
     /// has ordered before it.
     wr: Vec<u64>,
+    /// The mbarrier (shared offset) and parity of the last `try_wait` that answered false: the
+    /// thread's first `try_wait` of a phase still open answers false, as the hardware may once
+    /// its time limit passes, and only a `try_wait` of the same phase again sleeps.
+    told_open: Option<(u64, u64)>,
 }
 
 struct Mem<'a> {
@@ -472,6 +477,7 @@ impl Grid<'_> {
                     groups: VecDeque::new(),
                     wg_committed: 0,
                     fences: 0,
+                    told_open: None,
                     wr: if self.fenced {
                         vec![0; self.f.nregs as usize]
                     } else {
@@ -489,6 +495,7 @@ impl Grid<'_> {
                 t.groups.clear();
                 t.wg_committed = 0;
                 t.fences = 0;
+                t.told_open = None;
                 t.wr.fill(0);
             }
         }
@@ -1090,6 +1097,7 @@ impl Grid<'_> {
                         wg_committed: 0,
                         fences: 0,
                         wr: Vec::new(),
+                        told_open: None,
                     };
                     land(copies, &mut scratch, mem)?;
                 }
@@ -2044,9 +2052,16 @@ impl Grid<'_> {
                         let bar = self.mbar_off(mem, addr)?;
                         self.land_pending(t, mem, Some(bar))?;
                         let done = (self.mbar(mem, addr)?.phase & 1) != parity;
-                        if !done && op.mode == hop::MB_TRY_WAIT {
-                            t.st = St::Spin(mem.epoch);
-                            return Ok(());
+                        if done {
+                            t.told_open = None;
+                        } else if op.mode == hop::MB_TRY_WAIT {
+                            // The first try of an open phase answers false (a kernel that takes
+                            // one try for the phase's end reads too early); a try again sleeps.
+                            if t.told_open == Some((bar, parity)) {
+                                t.st = St::Spin(mem.epoch);
+                                return Ok(());
+                            }
+                            t.told_open = Some((bar, parity));
                         }
                         Self::write(t, arg(0)?, done as u64)?;
                     }

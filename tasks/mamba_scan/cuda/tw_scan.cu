@@ -42,7 +42,12 @@
 // the loop's blocks go from 440 + 33 + 375 + 63 to 36 + 372 + 33 + 249 + 63 instructions a run at the
 // defaults, 17% fewer, with no spills; 18% fewer at G 2 / K 8. Checked by the PTX interpreter; not
 // yet timed on a GPU, so not the default. Widening delta and u the same way, as (delta, delta u, u)
-// per step and channel, cost as many instructions as it saved and spilled: not kept).
+// per step and channel, cost as many instructions as it saved and spilled: not kept), HO (1, with HS 1
+// and four states a lane: a link of the chain as one PTX sequence, link4 below, its addresses formed
+// before the wait. Without it ptxas puts the second pass's first multiplies, four rematerialised
+// exponentials and the store's address arithmetic between the wait and the arrive: 52 instructions on
+// that path, 4 of them MUFU, which wait behind the other warps' exponentials; with it 10 (the LDS, four
+// FFMA, the STS, the arrive). Checked by the PTX interpreter; not yet timed on a GPU, so not the default).
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -87,6 +92,9 @@
 #ifndef CV
 #define CV 0
 #endif
+#ifndef HO
+#define HO 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -122,6 +130,12 @@
 #if CV != 0 && CV != 1
 #error "CV must be 0 or 1"
 #endif
+#if HO != 0 && HO != 1
+#error "HO must be 0 or 1"
+#endif
+#if HO && (HS != 1 || NS / G != 4)
+#error "HO needs HS 1 and 4 states a lane"
+#endif
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 // PB bytes from g, or zeros when n == 0 (nothing is read then).
@@ -153,6 +167,31 @@ __device__ __forceinline__ void mb_wait(unsigned long long* m, unsigned parity) 
                      : "=r"(done) : "r"(smem_addr(m)), "r"(parity) : "memory");
     } while (!done);
 }
+#if HO
+// HO: one link of the hand-over chain as one PTX sequence: wait for the phase of mbarrier `mi`, read the
+// entering state (four states at `src`), form the leaving state (p h_in + h) and store it at `dst`, arrive
+// on `mo`. Every address is formed before the wait, and nothing else sits between the wait and the arrive.
+__device__ __forceinline__ void link4(unsigned mi, unsigned parity, unsigned src, unsigned dst, unsigned mo,
+                                      const float* p, const float* h, float* hin) {
+    asm volatile(
+        "{\n.reg .pred w;\n.reg .f32 o0, o1, o2, o3;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 w, [%4], %5;\n"
+        "@!w bra WAIT;\n"
+        "ld.shared.v4.f32 {%0, %1, %2, %3}, [%6];\n"
+        "fma.rn.f32 o0, %9, %0, %13;\n"
+        "fma.rn.f32 o1, %10, %1, %14;\n"
+        "fma.rn.f32 o2, %11, %2, %15;\n"
+        "fma.rn.f32 o3, %12, %3, %16;\n"
+        "st.shared.v4.f32 [%7], {o0, o1, o2, o3};\n"
+        "mbarrier.arrive.shared::cta.b64 _, [%8];\n"
+        "}\n"
+        : "=f"(hin[0]), "=f"(hin[1]), "=f"(hin[2]), "=f"(hin[3])
+        : "r"(mi), "r"(parity), "r"(src), "r"(dst), "r"(mo), "f"(p[0]), "f"(p[1]), "f"(p[2]), "f"(p[3]),
+          "f"(h[0]), "f"(h[1]), "f"(h[2]), "f"(h[3])
+        : "memory");
+}
+#endif
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("{.reg .b16 t;\n mov.b16 t, %1;\n cvt.f32.f16 %0, t;}" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -390,6 +429,15 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             st_f(&sm.mh[w][c * NS + n0], h);
             mb_arrive(&sm.mm[w]);  // read by the chain's warp before it hands this run its state
         }
+        bool linked = false;  // HO: this run's link done as one sequence
+#if HO
+        if (r != 0 && r + 1 < nrun) {  // a link in the middle of the chain
+            link4(smem_addr(&sm.mb[w]), (unsigned)(j & 1) ^ (w == 0), smem_addr(&sm.hx[w][(r / W) & 1][c * NS + n0]),
+                  smem_addr(&sm.hx[(w + 1) % W][((r + 1) / W) & 1][c * NS + n0]), smem_addr(&sm.mb[(w + 1) % W]), p, h,
+                  hin);
+            linked = true;
+        } else
+#endif
         if (r == 0) {
 #pragma unroll
             for (int s = 0; s < S; s++) hin[s] = 0.f;
@@ -397,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));  // warp 0's first wait is for run W
             ld_f(&sm.hx[w][(r / W) & 1][c * NS + n0], hin);
         }
-        if (chain) {
+        if (chain && !linked) {
             float ho[S];  // the state leaving run r, then each later run of the group
 #pragma unroll
             for (int s = 0; s < S; s++) ho[s] = fmaf(p[s], hin[s], h[s]);
