@@ -674,7 +674,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // block barrier): 19 runs of 16 steps over 8 warps with a ragged tail, so a warp waits on both
     // phases of its mbarrier; with HS 4 the chain's warps also wait on the maps of the runs after
     // theirs; with CV 1 both passes read the run's Bm and Cm rows the warp widened once; with HO 1
-    // a link is one PTX sequence (wait, read, FMA, store, arrive).
+    // a link is one PTX sequence (wait, read, FMA, store, arrive); HO 2 polls with test_wait.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -693,6 +693,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["HS=4", "CV=1"],
         &["HO=1"],
         &["HO=1", "CV=1"],
+        &["HO=2"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");

@@ -7,8 +7,9 @@
 //! `cp.async.wait_group` that covers them, so a read before the wait sees what was there before.
 //! Hopper: an mbarrier's phase completes when its arrivals and transaction bytes are in; a
 //! thread's first `try_wait` of a phase still open answers false (the hardware's may, once its
-//! time limit passes: a kernel must try again), and a `try_wait` of that phase again sleeps
-//! until some phase completes (a deadlock is reported, not spun on); `wgmma.mma_async` waits for its warpgroup's 128 threads. Asynchronous
+//! time limit passes: a kernel must try again), and a `try_wait` or `test_wait` of that phase
+//! asked again sleeps until some phase completes (a deadlock is reported, not spun on; a thread
+//! that polls, then does the work its own phase waits for, is reported as one too); `wgmma.mma_async` waits for its warpgroup's 128 threads. Asynchronous
 //! results land at issue, or with `Limits::late_copies` as late as they may: copies completing
 //! on an mbarrier (TMA, `cp.async` + `cp.async.mbarrier.arrive`) when their barrier is waited on,
 //! and a `wgmma.mma_async` is computed at the first `wgmma.wait_group` that retires its group
@@ -2054,9 +2055,12 @@ impl Grid<'_> {
                         let done = (self.mbar(mem, addr)?.phase & 1) != parity;
                         if done {
                             t.told_open = None;
-                        } else if op.mode == hop::MB_TRY_WAIT {
+                        } else {
                             // The first try of an open phase answers false (a kernel that takes
-                            // one try for the phase's end reads too early); a try again sleeps.
+                            // one try for the phase's end reads too early); a try again sleeps:
+                            // nothing it could see changes before some phase completes. So does
+                            // a test_wait asked again (a polling loop, which would otherwise
+                            // spin here).
                             if t.told_open == Some((bar, parity)) {
                                 t.st = St::Spin(mem.epoch);
                                 return Ok(());

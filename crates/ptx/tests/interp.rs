@@ -468,6 +468,58 @@ fn a_first_try_wait_of_an_open_phase_answers_false() {
     assert_eq!(floats(&bufs[0]), vec![2.0]);
 }
 
+/// 64 threads: warp 1 arrives on an mbarrier for 32 arrivals, warp 0 polls it with test_wait
+/// (never suspending) until the phase is over; every thread then writes 1.
+#[test]
+fn a_test_wait_poll_ends_when_the_phase_completes() {
+    let src = format!(
+        r#"{HEAD}
+.visible .entry k(.param .u64 p0)
+{{
+	.shared .align 8 .b8 bar[8];
+	.reg .pred %p<3>;
+	.reg .b32 %r<5>;
+	.reg .f32 %f<2>;
+	.reg .b64 %rd<5>;
+	ld.param.u64 %rd1, [p0];
+	mov.u32 %r1, %tid.x;
+	mov.u32 %r2, bar;
+	setp.ne.s32 %p1, %r1, 0;
+	@%p1 bra AFTER;
+	mov.u32 %r3, 32;
+	mbarrier.init.shared::cta.b64 [%r2], %r3;
+AFTER:
+	bar.sync 0;
+	setp.lt.u32 %p1, %r1, 32;
+	@%p1 bra POLL;
+	mbarrier.arrive.shared::cta.b64 _, [%r2];
+	bra DONE;
+POLL:
+	mov.u32 %r4, 0;
+	mbarrier.test_wait.parity.shared::cta.b64 %p2, [%r2], %r4;
+	@!%p2 bra POLL;
+DONE:
+	cvta.to.global.u64 %rd2, %rd1;
+	mul.wide.u32 %rd3, %r1, 4;
+	add.s64 %rd4, %rd2, %rd3;
+	mov.f32 %f1, 0f3F800000;
+	st.global.f32 [%rd4], %f1;
+	ret;
+}}
+"#
+    );
+    let m = load(&src).unwrap();
+    for reverse in [false, true] {
+        let mut bufs = vec![vec![0u8; 64 * 4]];
+        let lim = Limits {
+            reverse,
+            ..Limits::default()
+        };
+        run(&m, &launch("k", 1, 64), &[Arg::Buffer(0)], &mut bufs, &lim).unwrap();
+        assert_eq!(floats(&bufs[0]), vec![1.0; 64], "reverse {reverse}");
+    }
+}
+
 #[test]
 fn an_mbarrier_phase_completes_on_its_last_arrival_and_a_short_one_is_a_deadlock() {
     // Every thread's arrival completes phase 0: every waiter gets through.

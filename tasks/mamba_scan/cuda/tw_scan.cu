@@ -40,14 +40,16 @@
 // converts the halves it reads in both passes, and the 32 / G lanes of a warp that read the same
 // state group convert the same halves: in NVRTC 13's machine code (bench/sass_census.py, --blocks)
 // the loop's blocks go from 440 + 33 + 375 + 63 to 36 + 372 + 33 + 249 + 63 instructions a run at the
-// defaults, 17% fewer, with no spills; 18% fewer at G 2 / K 8. Checked by the PTX interpreter; not
-// yet timed on a GPU, so not the default. Widening delta and u the same way, as (delta, delta u, u)
-// per step and channel, cost as many instructions as it saved and spilled: not kept), HO (1, with HS 1
-// and four states a lane: a link of the chain as one PTX sequence, link4 below, its addresses formed
-// before the wait. Without it ptxas puts the second pass's first multiplies, four rematerialised
-// exponentials and the store's address arithmetic between the wait and the arrive: 52 instructions on
-// that path, 4 of them MUFU, which wait behind the other warps' exponentials; with it 10 (the LDS, four
-// FFMA, the STS, the arrive). Checked by the PTX interpreter; not yet timed on a GPU, so not the default).
+// defaults, 17% fewer, with no spills; 18% fewer at G 2 / K 8. Timed (H100, 2026-12-05,
+// bench/h100-2026-12-05-scan-cv-ho-mlx.txt): 4-8% slower at G 4 (the widening and its warp barrier sit
+// on every run's serial path), 4-7% faster at G 2 / K 8, whose batch-4 time it takes from 89.2 to 82.7 us
+// (1.68x mamba_ssm). Widening delta and u the same way, as (delta, delta u, u) per step and channel,
+// cost as many instructions as it saved and spilled: not kept), HO (1 or 2, with HS 1 and four states a
+// lane: a link of the chain as one PTX sequence, link4 below, its addresses formed before the wait; 2
+// polls with test_wait instead of the suspending try_wait. Without it ptxas puts the second pass's first
+// multiplies, four rematerialised exponentials and the store's address arithmetic between the wait and
+// the arrive: 52 instructions on that path, 4 of them MUFU; with it 10. Timed the same day: within 1% of
+// HO 0 at every anchor shape, both values, so the link's own path is not what binds; default 0).
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -59,7 +61,11 @@
 // instructions issued on 67% of cycles (warp_scan 64.7 M on 62%), the warps waiting on the hand-over;
 // a try_wait that suspends the thread (a 1 ms hint) instead of the poll changed nothing (104.73
 // against 104.85 us). XR 1 makes the runs 16 steps long, half the links: 92.5 us. HS 2 and 4 cut the
-// links further and are checked by the PTX interpreter only, not yet timed on a GPU.
+// links further and are 4-10% slower at every anchor shape (H100, 2026-12-05, with CV and HO): composing
+// the maps costs the chain's warp more than the hand-overs save. Nsight Compute at the defaults (1,4096,2048):
+// 69.7 M warp instructions issued on 73% of cycles, 3.6 warps active and 1.7 eligible per scheduler, the
+// stalls mostly another warp issuing and fixed-latency dependencies: the issue slots and each warp's own
+// dependent chains bind, not the link.
 // Once, SL 2 took 264.7 us at 1,4096,2048 with K 8 (108.5 in the next call): SL 3 is the default. Two
 // designs before this one were slower and were replaced: the block's warps in lock-step (a chunk of W
 // runs staged and converted for the block, the runs' maps composed by threads per (channel, state)
@@ -130,8 +136,8 @@
 #if CV != 0 && CV != 1
 #error "CV must be 0 or 1"
 #endif
-#if HO != 0 && HO != 1
-#error "HO must be 0 or 1"
+#if HO != 0 && HO != 1 && HO != 2
+#error "HO must be 0, 1 or 2"
 #endif
 #if HO && (HS != 1 || NS / G != 4)
 #error "HO needs HS 1 and 4 states a lane"
@@ -176,7 +182,11 @@ __device__ __forceinline__ void link4(unsigned mi, unsigned parity, unsigned src
     asm volatile(
         "{\n.reg .pred w;\n.reg .f32 o0, o1, o2, o3;\n"
         "WAIT:\n"
+#if HO == 2
+        "mbarrier.test_wait.parity.shared::cta.b64 w, [%4], %5;\n"
+#else
         "mbarrier.try_wait.parity.shared::cta.b64 w, [%4], %5;\n"
+#endif
         "@!w bra WAIT;\n"
         "ld.shared.v4.f32 {%0, %1, %2, %3}, [%6];\n"
         "fma.rn.f32 o0, %9, %0, %13;\n"
