@@ -395,6 +395,17 @@ fn conversions_round_as_ptx_says() {
 /// 64 threads: thread 0 initialises an mbarrier for `count` arrivals, each thread arrives, then
 /// spins on phase 0 (try_wait.parity) and writes 1.
 fn mbar_kernel(count: u32) -> Result<Vec<f32>, String> {
+    let body = "\tmbarrier.arrive.shared::cta.b64 _, [%r2];
+\tmov.u32 %r4, 0;
+WAIT:
+\tmbarrier.try_wait.parity.shared::cta.b64 %p2, [%r2], %r4;
+\t@!%p2 bra WAIT;";
+    mbar_kernel_with(count, body, false)
+}
+
+/// 64 threads: thread 0 initialises an mbarrier (`%r2`) for `count` arrivals; after a block
+/// barrier every thread runs `body`, then writes 1.
+fn mbar_kernel_with(count: u32, body: &str, reverse: bool) -> Result<Vec<f32>, String> {
     let src = format!(
         r#"{HEAD}
 .visible .entry k(.param .u64 p0)
@@ -413,11 +424,7 @@ fn mbar_kernel(count: u32) -> Result<Vec<f32>, String> {
 	mbarrier.init.shared::cta.b64 [%r2], %r3;
 AFTER:
 	bar.sync 0;
-	mbarrier.arrive.shared::cta.b64 _, [%r2];
-	mov.u32 %r4, 0;
-WAIT:
-	mbarrier.try_wait.parity.shared::cta.b64 %p2, [%r2], %r4;
-	@!%p2 bra WAIT;
+{body}
 	cvta.to.global.u64 %rd2, %rd1;
 	mul.wide.u32 %rd3, %r1, 4;
 	add.s64 %rd4, %rd2, %rd3;
@@ -429,7 +436,11 @@ WAIT:
     );
     let m = load(&src)?;
     let mut bufs = vec![vec![0u8; 64 * 4]];
-    run(&m, &launch("k", 1, 64), &[Arg::Buffer(0)], &mut bufs, &Limits::default())?;
+    let lim = Limits {
+        reverse,
+        ..Limits::default()
+    };
+    run(&m, &launch("k", 1, 64), &[Arg::Buffer(0)], &mut bufs, &lim)?;
     Ok(floats(&bufs[0]))
 }
 
@@ -472,51 +483,21 @@ fn a_first_try_wait_of_an_open_phase_answers_false() {
 /// (never suspending) until the phase is over; every thread then writes 1.
 #[test]
 fn a_test_wait_poll_ends_when_the_phase_completes() {
-    let src = format!(
-        r#"{HEAD}
-.visible .entry k(.param .u64 p0)
-{{
-	.shared .align 8 .b8 bar[8];
-	.reg .pred %p<3>;
-	.reg .b32 %r<5>;
-	.reg .f32 %f<2>;
-	.reg .b64 %rd<5>;
-	ld.param.u64 %rd1, [p0];
-	mov.u32 %r1, %tid.x;
-	mov.u32 %r2, bar;
-	setp.ne.s32 %p1, %r1, 0;
-	@%p1 bra AFTER;
-	mov.u32 %r3, 32;
-	mbarrier.init.shared::cta.b64 [%r2], %r3;
-AFTER:
-	bar.sync 0;
-	setp.lt.u32 %p1, %r1, 32;
-	@%p1 bra POLL;
-	mbarrier.arrive.shared::cta.b64 _, [%r2];
-	bra DONE;
+    let body = "\tsetp.lt.u32 %p1, %r1, 32;
+\t@%p1 bra POLL;
+\tmbarrier.arrive.shared::cta.b64 _, [%r2];
+\tbra DONE;
 POLL:
-	mov.u32 %r4, 0;
-	mbarrier.test_wait.parity.shared::cta.b64 %p2, [%r2], %r4;
-	@!%p2 bra POLL;
-DONE:
-	cvta.to.global.u64 %rd2, %rd1;
-	mul.wide.u32 %rd3, %r1, 4;
-	add.s64 %rd4, %rd2, %rd3;
-	mov.f32 %f1, 0f3F800000;
-	st.global.f32 [%rd4], %f1;
-	ret;
-}}
-"#
-    );
-    let m = load(&src).unwrap();
+\tmov.u32 %r4, 0;
+\tmbarrier.test_wait.parity.shared::cta.b64 %p2, [%r2], %r4;
+\t@!%p2 bra POLL;
+DONE:";
     for reverse in [false, true] {
-        let mut bufs = vec![vec![0u8; 64 * 4]];
-        let lim = Limits {
-            reverse,
-            ..Limits::default()
-        };
-        run(&m, &launch("k", 1, 64), &[Arg::Buffer(0)], &mut bufs, &lim).unwrap();
-        assert_eq!(floats(&bufs[0]), vec![1.0; 64], "reverse {reverse}");
+        assert_eq!(
+            mbar_kernel_with(32, body, reverse).unwrap(),
+            vec![1.0; 64],
+            "reverse {reverse}"
+        );
     }
 }
 
