@@ -444,39 +444,24 @@ AFTER:
     Ok(floats(&bufs[0]))
 }
 
-/// One thread: an mbarrier for one arrival, one `try_wait` of its open phase 0 (no retry), then
-/// the thread's own arrival; it writes 1 where the try said the phase was over, else 2.
+/// Every thread takes one `try_wait` of the open phase 0 (no retry) before its own arrival, and
+/// writes 1 only where the try said the phase was over.
 #[test]
 fn a_first_try_wait_of_an_open_phase_answers_false() {
-    let src = format!(
-        r#"{HEAD}
-.visible .entry k(.param .u64 p0)
-{{
-	.shared .align 8 .b8 bar[8];
-	.reg .pred %p<2>;
-	.reg .b32 %r<4>;
-	.reg .f32 %f<2>;
-	.reg .b64 %rd<3>;
-	ld.param.u64 %rd1, [p0];
-	mov.u32 %r1, bar;
-	mov.u32 %r2, 1;
-	mbarrier.init.shared::cta.b64 [%r1], %r2;
-	mov.u32 %r3, 0;
-	mbarrier.try_wait.parity.shared::cta.b64 %p1, [%r1], %r3;
-	mbarrier.arrive.shared::cta.b64 _, [%r1];
-	selp.f32 %f1, 0f3F800000, 0f40000000, %p1;
-	cvta.to.global.u64 %rd2, %rd1;
-	st.global.f32 [%rd2], %f1;
-	ret;
-}}
-"#
-    );
-    let m = load(&src).unwrap();
-    let mut bufs = vec![vec![0u8; 4]];
-    run(&m, &launch("k", 1, 1), &[Arg::Buffer(0)], &mut bufs, &Limits::default()).unwrap();
+    let body = "\tmov.u32 %r4, 0;
+\tmbarrier.try_wait.parity.shared::cta.b64 %p2, [%r2], %r4;
+\tmbarrier.arrive.shared::cta.b64 _, [%r2];
+\t@!%p2 ret;";
     // As the hardware may once its time limit passes: a kernel that takes one try for the
-    // phase's end reads what the phase guards too early, and the interpreter shows it.
-    assert_eq!(floats(&bufs[0]), vec![2.0]);
+    // phase's end reads what the phase guards too early, and the interpreter shows it (a try that
+    // slept instead would leave every thread waiting for arrivals that never come).
+    for reverse in [false, true] {
+        assert_eq!(
+            mbar_kernel_with(64, body, reverse).unwrap(),
+            vec![0.0; 64],
+            "reverse {reverse}"
+        );
+    }
 }
 
 /// 64 threads: warp 1 arrives on an mbarrier for 32 arrivals, warp 0 polls it with test_wait
