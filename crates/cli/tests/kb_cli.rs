@@ -674,7 +674,9 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // block barrier): 19 runs of 16 steps over 8 warps with a ragged tail, so a warp waits on both
     // phases of its mbarrier; with HS 4 the chain's warps also wait on the maps of the runs after
     // theirs; with CV 1 both passes read the run's Bm and Cm rows the warp widened once; with HO 1
-    // a link is one PTX sequence (wait, read, FMA, store, arrive); HO 2 polls with test_wait.
+    // a link is one PTX sequence (wait, read, FMA, store, arrive); HO 2 polls with test_wait; with
+    // YS 1 a group of G steps' partial y is summed and transposed by shuffles (G 2 leaves the
+    // second block 8 of its 16 channels).
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -694,6 +696,9 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["HO=1"],
         &["HO=1", "CV=1"],
         &["HO=2"],
+        &["YS=1"],
+        &["YS=1", "G=2", "K=8"],
+        &["YS=1", "G=8", "K=8", "CV=1"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -707,8 +712,13 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let map_wait = "mb_wait(&sm.mm[wq], (unsigned)(rq / W) & 1);";
     let widen_cm = "widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);";
     let retry = r#""@!w bra WAIT;\n""#;
+    let keep = "const float keep = hi ? v[j + m] : v[j];";
     assert!(
-        src.contains(wait) && src.contains(map_wait) && src.contains(widen_cm) && src.contains(retry),
+        src.contains(wait)
+            && src.contains(map_wait)
+            && src.contains(widen_cm)
+            && src.contains(retry)
+            && src.contains(keep),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -741,9 +751,14 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // CV 1 with the Cm rows widened from the Bm rows: y is wrong, the final state is not.
     let cm = dir.path().join("cm.cu");
     std::fs::write(&cm, src.replace(widen_cm, "widen(&rn.bm[0][0], &sm.cf[w][0][0], lane);")).unwrap();
-    let (code, stdout, _) = run(&["CV=1"], Some(&cm));
-    assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.starts_with("FAIL tw_scan") && stdout.contains("`y`"), "{stdout}");
+    // YS 1 with a lane keeping the steps it should send: each sum mixes two steps' partials.
+    let swap = dir.path().join("swap.cu");
+    std::fs::write(&swap, src.replace(keep, "const float keep = hi ? v[j] : v[j + m];")).unwrap();
+    for (defs, file) in [(&["CV=1"][..], &cm), (&["YS=1"], &swap)] {
+        let (code, stdout, _) = run(defs, Some(file));
+        assert_eq!(code, 1, "{file:?}: {stdout}");
+        assert!(stdout.starts_with("FAIL tw_scan") && stdout.contains("`y`"), "{file:?}: {stdout}");
+    }
 }
 
 #[test]

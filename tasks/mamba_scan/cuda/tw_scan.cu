@@ -101,6 +101,9 @@
 #ifndef HO
 #define HO 0
 #endif
+#ifndef YS
+#define YS 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -141,6 +144,12 @@
 #endif
 #if HO && (HS != 1 || NS / G != 4)
 #error "HO needs HS 1 and 4 states a lane"
+#endif
+#if YS != 0 && YS != 1
+#error "YS must be 0 or 1"
+#endif
+#if YS && K % G != 0
+#error "YS needs K a multiple of G"
 #endif
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -283,6 +292,26 @@ __device__ __forceinline__ void st_f(float* p, const float (&v)[S]) {
     *p = v[0];
 #endif
 }
+
+#if YS
+// YS: the partial y of G consecutive steps (v[j]: step j) summed over the G lanes of a channel by a
+// butterfly that also transposes: in the round over lane bit m a lane keeps the steps whose bit m
+// matches its own and sends the others, so after log2(G) rounds lane g of the channel holds the
+// whole sum for step g (G - 1 shuffles and adds a group, no shared memory).
+__device__ __forceinline__ float xpose_sum(float (&v)[G], int g) {
+#pragma unroll
+    for (int m = G / 2; m >= 1; m /= 2) {
+        const bool hi = (g & m) != 0;
+#pragma unroll
+        for (int j = 0; j < m; j++) {
+            const float keep = hi ? v[j + m] : v[j];
+            const float send = hi ? v[j] : v[j + m];
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+        }
+    }
+    return v[0];
+}
+#endif
 
 #if CV
 // CV: a run's Bm (or Cm) rows, K NS halves, widened into f32 by the warp: four consecutive halves a
@@ -485,6 +514,12 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         }
 
         // 4. the run again from the entering state; Cm . h of the lane's states to y
+        const int nt = min(K, Ln - r * K);
+        unsigned short* yr = yg + r * KD;
+#if YS
+        float yv[G];  // the partials of the current group of G steps
+        unsigned short* yl = yr + (long long)(lane % G) * D + c;  // this lane's step of a group, its channel
+#endif
 #pragma unroll
         for (int i = 0; i < K; i++) {
             float cv[S];
@@ -505,12 +540,19 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 yi = fmaf(cv[s], hin[s], yi);
             }
 #endif
+#if YS
+            yv[i % G] = yi;
+            if (i % G == G - 1) {  // the group's sums: lane g of a channel stores step i - G + 1 + g
+                const float tot = xpose_sum(yv, lane % G);
+                if (c < nc && i - (G - 1) + lane % G < nt) yl[(long long)(i - (G - 1)) * D] = f2h(tot);
+            }
+#else
             sm.ys[w][i][lane] = yi;
+#endif
         }
+#if !YS
         __syncwarp();
         // the G partials of two channels a lane, stored as one word where the rows are aligned and whole
-        const int nt = min(K, Ln - r * K);
-        unsigned short* yr = yg + r * KD;
         if (al && nc == CH) {
             const int c2 = 2 * (lane % (CH / 2));  // the same two channels for every q (32 is a multiple of CH / 2)
 #pragma unroll
@@ -536,6 +578,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 yr[(long long)t * D + cc] = f2h(yv);
             }
         }
+#endif
         __syncwarp();  // ys read before the next run's partials; the ring slot free for its next load
 #undef LD_BM
 #undef LD_CM
