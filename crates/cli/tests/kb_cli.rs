@@ -714,11 +714,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let retry = r#""@!w bra WAIT;\n""#;
     let keep = "const float keep = hi ? v[j + m] : v[j];";
     assert!(
-        src.contains(wait)
-            && src.contains(map_wait)
-            && src.contains(widen_cm)
-            && src.contains(retry)
-            && src.contains(keep),
+        src.contains(wait) && src.contains(map_wait) && src.contains(widen_cm) && src.contains(retry) && src.contains(keep),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -757,7 +753,10 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     for (defs, file) in [(&["CV=1"][..], &cm), (&["YS=1"], &swap)] {
         let (code, stdout, _) = run(defs, Some(file));
         assert_eq!(code, 1, "{file:?}: {stdout}");
-        assert!(stdout.starts_with("FAIL tw_scan") && stdout.contains("`y`"), "{file:?}: {stdout}");
+        assert!(
+            stdout.starts_with("FAIL tw_scan") && stdout.contains("`y`"),
+            "{file:?}: {stdout}"
+        );
     }
 }
 
