@@ -49,7 +49,13 @@
 // polls with test_wait instead of the suspending try_wait. Without it ptxas puts the second pass's first
 // multiplies, four rematerialised exponentials and the store's address arithmetic between the wait and
 // the arrive: 52 instructions on that path, 4 of them MUFU; with it 10. Timed the same day: within 1% of
-// HO 0 at every anchor shape, both values, so the link's own path is not what binds; default 0).
+// HO 0 at every anchor shape, both values, so the link's own path is not what binds; default 0), YS (1: a
+group of G steps' partial y summed over the channel's G lanes by a butterfly of shuffles that also
+transposes, lane g storing step g, instead of through shared memory and a warp barrier; timed (H100,
+2026-12-06, bench/h100-2026-12-06-scan-balance-g2-ys.txt): within 1% of YS 0 at G 4, 2% slower at G 2 /
+batch 4; default 0). Timed the same day and not kept: G 8 (blocks of 4 channels, to even out d_inner
+1536) 1.2-1.6x slower everywhere; G 2, W 16, K 8 (one block of 16 warps an SM) 97-101 us at 1,4096,2048:
+every K 8 build there is bound by its 512-link chain (about 370 cycles a link), not by issue.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
