@@ -676,7 +676,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // theirs; with CV 1 both passes read the run's Bm and Cm rows the warp widened once; with HO 1
     // a link is one PTX sequence (wait, read, FMA, store, arrive); HO 2 polls with test_wait; with
     // YS 1 a group of G steps' partial y is summed and transposed by shuffles (G 2 leaves the
-    // second block 8 of its 16 channels).
+    // second block 8 of its 16 channels); with A1 1 lane 0 alone arrives for its warp.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -699,6 +699,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["YS=1"],
         &["YS=1", "G=2", "K=8"],
         &["YS=1", "G=8", "K=8", "CV=1"],
+        &["A1=1"],
+        &["A1=1", "HS=4", "G=2", "K=8"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -713,8 +715,14 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let widen_cm = "widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);";
     let retry = r#""@!w bra WAIT;\n""#;
     let keep = "const float keep = hi ? v[j + m] : v[j];";
+    let elect = "if (lane == 0) mb_arrive(m);";
     assert!(
-        src.contains(wait) && src.contains(map_wait) && src.contains(widen_cm) && src.contains(retry) && src.contains(keep),
+        src.contains(wait)
+            && src.contains(map_wait)
+            && src.contains(widen_cm)
+            && src.contains(retry)
+            && src.contains(keep)
+            && src.contains(elect),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -731,11 +739,15 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // false, as the GPU's may.
     let once = dir.path().join("once.cu");
     std::fs::write(&once, src.replace(retry, "")).unwrap();
+    // A1 with every lane arriving on an mbarrier that expects one arrival a phase.
+    let all = dir.path().join("all.cu");
+    std::fs::write(&all, src.replace(elect, "mb_arrive(m);")).unwrap();
     for (defs, file) in [
         (&["HS=1"][..], &early),
         (&["HS=1"], &phase),
         (&["HS=4"], &map),
         (&["HO=1"], &once),
+        (&["A1=1"], &all),
     ] {
         let (code, stdout, _) = run(defs, Some(file));
         assert_eq!(code, 1, "{file:?}: {stdout}");

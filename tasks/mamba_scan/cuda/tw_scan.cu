@@ -50,12 +50,12 @@
 // multiplies, four rematerialised exponentials and the store's address arithmetic between the wait and
 // the arrive: 52 instructions on that path, 4 of them MUFU; with it 10. Timed the same day: within 1% of
 // HO 0 at every anchor shape, both values, so the link's own path is not what binds; default 0), YS (1: a
-group of G steps' partial y summed over the channel's G lanes by a butterfly of shuffles that also
-transposes, lane g storing step g, instead of through shared memory and a warp barrier; timed (H100,
-2026-12-06, bench/h100-2026-12-06-scan-balance-g2-ys.txt): within 1% of YS 0 at G 4, 2% slower at G 2 /
-batch 4; default 0). Timed the same day and not kept: G 8 (blocks of 4 channels, to even out d_inner
-1536) 1.2-1.6x slower everywhere; G 2, W 16, K 8 (one block of 16 warps an SM) 97-101 us at 1,4096,2048:
-every K 8 build there is bound by its 512-link chain (about 370 cycles a link), not by issue.
+// group of G steps' partial y summed over the channel's G lanes by a butterfly of shuffles that also
+// transposes, lane g storing step g, instead of through shared memory and a warp barrier; timed (H100,
+// 2026-12-06, bench/h100-2026-12-06-scan-balance-g2-ys.txt): within 1% of YS 0 at G 4, 2% slower at G 2 /
+// batch 4; default 0). Timed the same day and not kept: G 8 (blocks of 4 channels, to even out d_inner
+// 1536) 1.2-1.6x slower everywhere; G 2, W 16, K 8 (one block of 16 warps an SM) 97-101 us at 1,4096,2048:
+// every K 8 build there is bound by its 512-link chain (about 370 cycles a link), not by issue.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -110,6 +110,9 @@ every K 8 build there is bound by its 512-link chain (about 370 cycles a link), 
 #ifndef YS
 #define YS 0
 #endif
+#ifndef A1
+#define A1 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -154,6 +157,12 @@ every K 8 build there is bound by its 512-link chain (about 370 cycles a link), 
 #if YS != 0 && YS != 1
 #error "YS must be 0 or 1"
 #endif
+#if A1 != 0 && A1 != 1
+#error "A1 must be 0 or 1"
+#endif
+#if A1 && HO
+#error "A1 needs HO 0 (HO's link arrives from every lane)"
+#endif
 #if YS && K % G != 0
 #error "YS needs K a multiple of G"
 #endif
@@ -187,6 +196,18 @@ __device__ __forceinline__ void mb_wait(unsigned long long* m, unsigned parity) 
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(done) : "r"(smem_addr(m)), "r"(parity) : "memory");
     } while (!done);
+}
+// A hand-over or a published map: every lane's arrival completes the phase (32 arrivals), or with A1
+// one lane arrives for the warp after a warp barrier (bar.warp.sync orders the other lanes' stores
+// before lane 0's release-arrive), one update of the mbarrier instead of 32.
+#define ARRIVALS (A1 ? 1 : 32)
+__device__ __forceinline__ void hand_on(unsigned long long* m, int lane) {
+#if A1
+    __syncwarp();
+    if (lane == 0) mb_arrive(m);
+#else
+    mb_arrive(m);
+#endif
 }
 #if HO
 // HO: one link of the hand-over chain as one PTX sequence: wait for the phase of mbarrier `mi`, read the
@@ -233,7 +254,7 @@ struct __align__(16) Smem {
     float hx[W][2][CH * NS];        // the state entering a warp's run, by the run's parity
     float mp[W][CH * NS];           // HS > 1: the map h -> P h + H of a warp's run, for the chain's warp
     float mh[W][CH * NS];
-    unsigned long long mb[W];       // a hand-over to warp w completes a phase of mb[w] (32 arrivals)
+    unsigned long long mb[W];       // a hand-over to warp w completes a phase of mb[w] (ARRIVALS arrivals)
     unsigned long long mm[W];       // HS > 1: warp w's map published completes a phase of mm[w]
 #if CV
     float bf[W][K][NS];             // CV: the warp's current run's Bm and Cm rows, widened once
@@ -387,8 +408,8 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
     for (int s = 0; s < S; s++) a2[s] = c < nc ? A[(d0 + c) * NS + n0 + s] * LOG2E : 0.f;
     const float dvl = n0 == 0 && c < nc ? Dv[d0 + c] : 0.f;  // Dv u enters y once per channel
     if (tid < W) {
-        mb_init(&sm.mb[tid], 32);
-        mb_init(&sm.mm[tid], 32);
+        mb_init(&sm.mb[tid], ARRIVALS);
+        mb_init(&sm.mm[tid], ARRIVALS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     __syncthreads();  // the only block barrier: the mbarriers exist
@@ -472,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         if (HS > 1 && !chain) {
             st_f(&sm.mp[w][c * NS + n0], p);
             st_f(&sm.mh[w][c * NS + n0], h);
-            mb_arrive(&sm.mm[w]);  // read by the chain's warp before it hands this run its state
+            hand_on(&sm.mm[w], lane);  // read by the chain's warp before it hands this run its state
         }
         bool linked = false;  // HO: this run's link done as one sequence
 #if HO
@@ -504,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 ld_f(&sm.mp[wq][c * NS + n0], pq);  // before the hand-over: warp wq reuses its map slot after it
                 ld_f(&sm.mh[wq][c * NS + n0], hq);
                 st_f(&sm.hx[wq][(rq / W) & 1][c * NS + n0], ho);
-                mb_arrive(&sm.mb[wq]);
+                hand_on(&sm.mb[wq], lane);
 #pragma unroll
                 for (int s = 0; s < S; s++) ho[s] = fmaf(pq[s], ho[s], hq[s]);
                 last = rq;
@@ -512,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             if (last + 1 < nrun) {
                 const int wn = (w + HS) % W;  // the next chain run, r + HS
                 st_f(&sm.hx[wn][((last + 1) / W) & 1][c * NS + n0], ho);
-                mb_arrive(&sm.mb[wn]);  // release: the states above are visible to warp wn's acquire
+                hand_on(&sm.mb[wn], lane);  // release: the states above are visible to warp wn's acquire
             } else if (c < nc) {
 #pragma unroll
                 for (int s = 0; s < S; s++) state[(b * D + d0 + c) * NS + n0 + s] = ho[s];  // the last run's
