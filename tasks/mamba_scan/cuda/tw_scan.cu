@@ -54,8 +54,10 @@
 // transposes, lane g storing step g, instead of through shared memory and a warp barrier; timed (H100,
 // 2026-12-06, bench/h100-2026-12-06-scan-balance-g2-ys.txt): within 1% of YS 0 at G 4, 2% slower at G 2 /
 // batch 4; default 0). Timed the same day and not kept: G 8 (blocks of 4 channels, to even out d_inner
-// 1536) 1.2-1.6x slower everywhere; G 2, W 16, K 8 (one block of 16 warps an SM) 97-101 us at 1,4096,2048:
-// every K 8 build there is bound by its 512-link chain (about 370 cycles a link), not by issue.
+// 1536) 1.2-1.6x slower everywhere; G 2, W 16, K 8 (one block of 16 warps an SM) 97-101 us at 1,4096,2048
+// with 22% fewer instructions but 55.7% of issue slots busy, not bound by its chain (HS 4 there: the same
+// time, bench/h100-2026-12-06-scan-hs-a1-k8.txt). A1 (1: a hand-over or a published map is one arrival,
+// lane 0's after a warp barrier, instead of 32; timed the same day: 0.4-15% slower everywhere, default 0).
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
