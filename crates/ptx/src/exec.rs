@@ -1,4 +1,5 @@
-//! Running a kernel: a grid of blocks, one block at a time; in a block, warps take turns; in a
+//! Running a kernel: a grid of blocks, one block at a time (one cluster at a time for a kernel
+//! with a cluster shape, its blocks together); in a block, warps take turns; in a
 //! warp, the lanes at the lowest program counter execute each instruction together (so lanes
 //! that diverged reconverge where their paths meet, and a store by one lane is seen by another's
 //! later load as on the GPU). Warp-collective instructions (`shfl`, `vote`, `redux`, `ldmatrix`,
@@ -18,6 +19,19 @@
 //! free, the other a wait for the one that says it is full, for a product's completion before
 //! its accumulators are read, or before its operands are overwritten. Shared memory starts as
 //! NaN bytes; every access is bounds- and alignment-checked.
+//!
+//! Clusters (`.reqnctapercluster`, up to 8 blocks; the grid a whole number of clusters): the
+//! warps of all the cluster's blocks take turns as one block's do, each block with its own shared
+//! memory, mbarriers, `bar.sync` barriers and `%ctaid`, so a block may wait for another's
+//! hand-over. `mapa` gives another block's address of a shared variable (`.shared::cluster`
+//! addresses carry the block's rank + 1 in bits 24 and up, generic ones too in the shared
+//! window; 0 there is the block's own), which `.shared::cluster` and generic loads, stores and
+//! atomics, and `mbarrier.arrive` / `expect_tx` on another block's mbarrier, take; a rank outside
+//! the cluster, an offset past the block's shared memory, a `.shared::cta` access with such an
+//! address, and an access to a block whose threads have all exited are errors.
+//! `barrier.cluster.wait` waits until every thread of the cluster not exited has passed
+//! `barrier.cluster.arrive`. A deadlock across the cluster's blocks is reported as one.
+//! Multicast copies and `st.async` are not covered.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -30,6 +44,13 @@ use crate::parse::{AddrBase, Function, Instr, Module, Opd, Space, Special};
 /// Generic addresses: window `addr >> 40`: 1 the module's `.global`/`.const` variables,
 /// 2 + i buffer i, 0xF0 shared memory, 0xF1 the thread's local memory.
 const WIN: u32 = 40;
+/// Shared addresses of a cluster's blocks (`.shared::cluster` ones, and offsets in the generic
+/// shared window): bits 24 and up hold the block's cluster rank + 1 (as `mapa` makes them), 0
+/// the block's own shared memory (so its `.shared::cta` addresses are `.shared::cluster` ones).
+const RANK_SHIFT: u32 = 24;
+const RANK_MASK: u64 = (1 << RANK_SHIFT) - 1;
+/// The portable cluster size (larger ones need a launch attribute the GPU may refuse).
+const MAX_CLUSTER: u64 = 8;
 const GLOBALS_WIN: u64 = 1;
 const SHARED_WIN: u64 = 0xF0;
 const LOCAL_WIN: u64 = 0xF1;
@@ -112,6 +133,8 @@ enum St {
     Spin(u64),
     /// At a warpgroup-collective instruction (`wgmma.mma_async`).
     Wg,
+    /// At `barrier.cluster.wait` of a phase not yet complete.
+    ClWait,
     /// At `wgmma.wait_group` (late results: the block lands the products it retires).
     WgWait,
 }
@@ -120,7 +143,8 @@ enum St {
 /// first wait that retires it, its accumulators written to each thread at that thread's wait.
 #[derive(Debug, Clone)]
 struct PendWg {
-    /// The warpgroup's first thread, and the instruction.
+    /// The block's cluster rank, the warpgroup's first thread in the block, and the instruction.
+    rank: usize,
     lo: usize,
     pc: u32,
     /// The issuing threads' count of committed groups at issue: the group it joins.
@@ -136,7 +160,7 @@ struct PendWg {
     landed: u128,
 }
 
-/// An mbarrier (in the block's shared memory, at the offset it is keyed by).
+/// An mbarrier (in shared memory, at the offset in `Mem::shared` it is keyed by).
 #[derive(Debug, Clone)]
 struct Mbar {
     count: u32,
@@ -151,7 +175,9 @@ struct Mbar {
 /// (or when nothing else can run), as late as the GPU may land it, so a read that does not wait
 /// sees the bytes from before.
 enum Pending {
-    /// `cp.async.bulk.tensor` into `dst` of the box at `c`; completes its bytes on the mbarrier.
+    /// `cp.async.bulk.tensor` into `dst` (in a kernel with cluster addresses, a
+    /// `.shared::cluster` address with its block's rank) of the box at `c`; completes its bytes
+    /// on the mbarrier.
     Tma {
         bar: u64,
         dst: u64,
@@ -180,6 +206,7 @@ struct Tmap {
 }
 
 struct Copy {
+    /// Where it lands: an offset in `Mem::shared`.
     dst: u64,
     src: u64,
     bytes: usize,
@@ -193,6 +220,11 @@ struct Thread {
     local: Vec<u8>,
     tid: [u32; 3],
     linear: u32,
+    /// The block's cluster rank and `%ctaid`.
+    rank: usize,
+    ctaid: [u32; 3],
+    /// The `barrier.cluster` phase the thread arrived at and has not waited for yet.
+    cl_arrived: Option<u64>,
     open: Vec<Copy>,
     groups: VecDeque<Vec<Copy>>,
     /// `wgmma.commit_group`s executed.
@@ -214,13 +246,28 @@ struct Thread {
 struct Mem<'a> {
     bufs: &'a mut [Vec<u8>],
     globals: Vec<u8>,
+    /// The shared memory of every block of the cluster: block rank r's `stride` bytes at
+    /// r * `stride`.
     shared: Vec<u8>,
+    stride: usize,
+    /// The cluster's blocks; the rank of the block whose threads run (its shared memory is the
+    /// one `.shared::cta` addresses name), and where that starts in `shared`.
+    nranks: usize,
+    rank: usize,
+    base: usize,
+    /// Per rank, the block's threads not exited (a block's shared memory is gone once none is).
+    live: Vec<u32>,
+    /// The kernel uses cluster addresses: offsets in the generic shared window carry a rank.
+    clustered: bool,
+    /// `barrier.cluster`: phases completed, and arrivals at the current one.
+    cl_phase: u64,
+    cl_arrivals: u32,
     params: Vec<u8>,
-    /// The block's mbarriers by shared offset, and how many of their phases have completed.
+    /// The cluster's mbarriers by offset in `shared`, and how many of their phases have completed.
     mbars: HashMap<u64, Mbar>,
     epoch: u64,
-    /// Tensor maps being built in shared memory (by offset), and those published to global
-    /// memory (by generic address, for every later block).
+    /// Tensor maps being built in shared memory (by offset in `shared`), and those published to
+    /// global memory (by generic address, for every later block).
     tmaps: HashMap<u64, Tmap>,
     gtmaps: HashMap<u64, Tmap>,
     /// Copies in flight, in issue order.
@@ -319,9 +366,54 @@ struct Grid<'m> {
     steps: u64,
     asynchronous: u64,
     lim: &'m Limits,
-    ctaid: [u32; 3],
+    /// The cluster shape, the cluster running and its blocks' `%ctaid` by rank.
+    cdim: [u32; 3],
+    cluster_id: [u32; 3],
+    ctaids: Vec<[u32; 3]>,
     /// The kernel has `wgmma.mma_async`: register writes are stamped (`Thread::wr`).
     fenced: bool,
+}
+
+impl Mem<'_> {
+    /// Run the threads of the block of cluster rank `r`.
+    fn at_rank(&mut self, r: usize) {
+        self.rank = r;
+        self.base = r * self.stride;
+    }
+
+    /// Where the shared memory of the block a cluster address `a` names starts in `shared`.
+    fn cluster_block(&self, a: u64) -> R<usize> {
+        match a >> RANK_SHIFT {
+            0 => Ok(self.base),
+            hi if hi - 1 < self.nranks as u64 => Ok((hi - 1) as usize * self.stride),
+            hi => Err(format!(
+                "an access to the shared memory of cluster rank {} (address {a:#x}), outside the cluster of {} block(s)",
+                hi - 1,
+                self.nranks
+            )),
+        }
+    }
+
+    /// The offset `off` in `shared` as the place a message names.
+    fn shared_at(&self, off: u64) -> String {
+        if self.nranks == 1 || self.stride == 0 {
+            format!("byte {off} of shared memory")
+        } else {
+            let s = self.stride as u64;
+            format!("byte {} of the shared memory of cluster rank {}", off % s, off / s)
+        }
+    }
+
+    /// A remote access to shared memory at offset `off` of `shared` needs its block alive.
+    fn check_live(&self, off: usize) -> R<()> {
+        let r = off / self.stride;
+        if r != self.rank && self.live[r] == 0 {
+            return Err(format!(
+                "an access to the shared memory of cluster rank {r}, whose threads have all exited (a block's shared memory is gone once it exits: a cluster barrier before the exit keeps it)"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Run `launch` of `module` with `args` over `bufs` (device memory: the buffers the arguments
@@ -351,6 +443,23 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
     }
     if launch.grid.contains(&0) {
         return Err(format!("empty grid {:?}", launch.grid));
+    }
+    if f.explicit_cluster && f.cluster.is_none() {
+        return Err(format!(
+            "kernel `{}` takes its cluster shape at launch (.explicitcluster without .reqnctapercluster), which a launch here does not give",
+            f.name
+        ));
+    }
+    let cdim = f.cluster.unwrap_or([1, 1, 1]);
+    let nranks = cdim.iter().map(|v| *v as u64).product::<u64>();
+    if nranks == 0 || nranks > MAX_CLUSTER {
+        return Err(format!("cluster shape {cdim:?}: {nranks} blocks (1 to {MAX_CLUSTER})"));
+    }
+    if (0..3).any(|d| !launch.grid[d].is_multiple_of(cdim[d])) {
+        return Err(format!(
+            "grid {:?} is not a whole number of clusters of shape {cdim:?}",
+            launch.grid
+        ));
     }
     // The GPU's own limits (sm_90: 227 KB of shared memory per block, 512 KB of local memory per
     // thread) bound what a launch may ask of this process.
@@ -392,10 +501,23 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
             globals[a..a + s.init.len()].copy_from_slice(&s.init);
         }
     }
+    let shared_bytes = module.static_shared as usize + launch.dynamic_shared as usize;
+    let clustered = f.cluster.is_some()
+        || f.instrs
+            .iter()
+            .any(|i| i.op.space == Space::SharedCluster || matches!(i.op.base, Base::Mapa | Base::GetCtaRank));
     let mut mem = Mem {
         bufs,
         globals,
         shared: Vec::new(),
+        stride: shared_bytes,
+        nranks: nranks as usize,
+        rank: 0,
+        base: 0,
+        live: Vec::new(),
+        clustered,
+        cl_phase: 0,
+        cl_arrivals: 0,
         params,
         mbars: HashMap::new(),
         epoch: 0,
@@ -412,23 +534,36 @@ pub fn run(module: &Module, launch: &Launch, args: &[Arg], bufs: &mut [Vec<u8>],
         steps: 0,
         asynchronous: 0,
         lim,
-        ctaid: [0; 3],
+        cdim,
+        cluster_id: [0; 3],
+        ctaids: Vec::new(),
         fenced: f.instrs.iter().any(|i| i.op.base == Base::Wgmma),
     };
-    let shared_bytes = module.static_shared as usize + launch.dynamic_shared as usize;
     let mut pool = Vec::new();
-    for z in 0..launch.grid[2] {
-        for y in 0..launch.grid[1] {
-            for x in 0..launch.grid[0] {
-                g.ctaid = [x, y, z];
+    // Clusters one after another (without clusters, blocks), x fastest; a cluster's blocks
+    // together, by rank (x fastest within the cluster).
+    let [cx, cy] = [cdim[0], cdim[1]];
+    for z in 0..launch.grid[2] / cdim[2] {
+        for y in 0..launch.grid[1] / cy {
+            for x in 0..launch.grid[0] / cx {
+                g.cluster_id = [x, y, z];
+                g.ctaids.clear();
+                for r in 0..nranks as u32 {
+                    let [rx, ry, rz] = [r % cx, (r / cx) % cy, r / (cx * cy)];
+                    g.ctaids.push([x * cx + rx, y * cy + ry, z * cdim[2] + rz]);
+                }
                 mem.shared.clear();
-                mem.shared.resize(shared_bytes, 0xFF);
+                mem.shared.resize(shared_bytes * nranks as usize, 0xFF);
+                mem.live.clear();
+                mem.live.resize(nranks as usize, g.nthreads);
+                mem.cl_phase = 0;
+                mem.cl_arrivals = 0;
+                mem.at_rank(0);
                 mem.mbars.clear();
                 mem.tmaps.clear();
                 mem.pending.clear();
                 mem.wgq.clear();
-                g.block(&mut mem, &mut pool)
-                    .map_err(|e| format!("block ({x}, {y}, {z}): {e}"))?;
+                g.cluster(&mut mem, &mut pool)?;
             }
         }
     }
@@ -459,31 +594,39 @@ fn stamp_writes(t: &mut Thread, ins: &Instr) {
 }
 
 impl Grid<'_> {
-    /// One block, its threads taken from (and put back into) `pool`: a kernel's registers are
-    /// counted in the tens of thousands (NVRTC's PTX numbers every value), so a block's threads
-    /// hold megabytes that the next block reuses, zeroed, instead of allocating them again.
-    fn block(&mut self, mem: &mut Mem, pool: &mut Vec<Thread>) -> R<()> {
+    /// One cluster (without clusters, one block), its threads taken from (and put back into)
+    /// `pool`: a kernel's registers are counted in the tens of thousands (NVRTC's PTX numbers
+    /// every value), so a block's threads hold megabytes that the next block reuses, zeroed,
+    /// instead of allocating them again. Rank r's threads are `nthreads` r onwards.
+    fn cluster(&mut self, mem: &mut Mem, pool: &mut Vec<Thread>) -> R<()> {
         let b = self.l.block;
+        let nt = self.nthreads as usize;
         let mut threads = std::mem::take(pool);
         if threads.is_empty() {
-            threads = (0..self.nthreads)
-                .map(|i| Thread {
-                    pc: 0,
-                    st: St::Run,
-                    regs: vec![0; self.f.nregs as usize],
-                    local: vec![0; self.f.local_bytes as usize],
-                    tid: [i % b[0], (i / b[0]) % b[1], i / (b[0] * b[1])],
-                    linear: i,
-                    open: Vec::new(),
-                    groups: VecDeque::new(),
-                    wg_committed: 0,
-                    fences: 0,
-                    told_open: None,
-                    wr: if self.fenced {
-                        vec![0; self.f.nregs as usize]
-                    } else {
-                        Vec::new()
-                    },
+            threads = (0..nt * self.ctaids.len())
+                .map(|k| {
+                    let i = (k % nt) as u32;
+                    Thread {
+                        pc: 0,
+                        st: St::Run,
+                        regs: vec![0; self.f.nregs as usize],
+                        local: vec![0; self.f.local_bytes as usize],
+                        tid: [i % b[0], (i / b[0]) % b[1], i / (b[0] * b[1])],
+                        linear: i,
+                        rank: k / nt,
+                        ctaid: self.ctaids[k / nt],
+                        cl_arrived: None,
+                        open: Vec::new(),
+                        groups: VecDeque::new(),
+                        wg_committed: 0,
+                        fences: 0,
+                        told_open: None,
+                        wr: if self.fenced {
+                            vec![0; self.f.nregs as usize]
+                        } else {
+                            Vec::new()
+                        },
+                    }
                 })
                 .collect();
         } else {
@@ -492,6 +635,8 @@ impl Grid<'_> {
                 t.st = St::Run;
                 t.regs.fill(0);
                 t.local.fill(0);
+                t.ctaid = self.ctaids[t.rank];
+                t.cl_arrived = None;
                 t.open.clear();
                 t.groups.clear();
                 t.wg_committed = 0;
@@ -500,16 +645,33 @@ impl Grid<'_> {
                 t.wr.fill(0);
             }
         }
-        let r = self.run_block(mem, &mut threads);
+        let r = self.run_cluster(mem, &mut threads);
         *pool = threads;
         r
     }
 
-    fn run_block(&mut self, mem: &mut Mem, threads: &mut [Thread]) -> R<()> {
-        let nwarps = self.nthreads.div_ceil(32) as usize;
+    /// An error of the block of cluster rank `rank` (None: of the cluster) as reported.
+    fn tag(&self, rank: Option<usize>, e: String) -> String {
+        let [x, y, z] = match rank {
+            Some(r) => self.ctaids[r],
+            None if self.ctaids.len() == 1 => self.ctaids[0],
+            None => {
+                let [x, y, z] = self.cluster_id;
+                return format!("cluster ({x}, {y}, {z}): {e}");
+            }
+        };
+        format!("block ({x}, {y}, {z}): {e}")
+    }
+
+    fn run_cluster(&mut self, mem: &mut Mem, threads: &mut [Thread]) -> R<()> {
+        let nt = self.nthreads as usize;
+        let nranks = self.ctaids.len();
+        let nwarps = nt.div_ceil(32);
+        // Warps of every block of the cluster take turns, rank 0's first.
+        let total = nwarps * nranks;
         let mut start = 0usize;
-        // bar.arrive counts per barrier id
-        let mut arrived = [0u32; 16];
+        // bar.arrive counts per block and barrier id
+        let mut arrived = vec![[0u32; 16]; nranks];
         loop {
             let mut progress = false;
             // Threads spinning on an mbarrier try again once a phase has completed since.
@@ -520,48 +682,103 @@ impl Grid<'_> {
                     t.st = St::Run;
                 }
             }
-            for k in 0..nwarps {
+            for k in 0..total {
                 let w = if self.lim.reverse {
-                    nwarps - 1 - (start + k) % nwarps
+                    total - 1 - (start + k) % total
                 } else {
-                    (start + k) % nwarps
+                    (start + k) % total
                 };
-                let lo = w * 32;
-                let hi = (lo + 32).min(threads.len());
-                progress |= self.warp(&mut threads[lo..hi], mem, &mut arrived)?;
+                let r = w / nwarps;
+                let lo = r * nt + (w % nwarps) * 32;
+                let hi = (lo + 32).min((r + 1) * nt);
+                mem.at_rank(r);
+                progress |= self
+                    .warp(&mut threads[lo..hi], mem, &mut arrived[r])
+                    .map_err(|e| self.tag(Some(r), e))?;
             }
-            start = (start + 1) % nwarps;
+            start = (start + 1) % total;
             if threads.iter().all(|t| t.st == St::Exited) {
                 // Copies nobody waited for still land (their bytes are the block's to lose).
-                return self.land_pending(&threads[0], mem, None);
+                return self.land_pending(&threads[0], mem, None).map_err(|e| self.tag(None, e));
             }
-            if self.release_barriers(threads, &mut arrived)? {
+            let mut released = false;
+            for (r, arr) in arrived.iter_mut().enumerate() {
+                released |= self
+                    .release_barriers(&mut threads[r * nt..(r + 1) * nt], arr)
+                    .map_err(|e| self.tag(Some(r), e))?;
+            }
+            if released || Self::release_cluster_barrier(threads, mem) {
                 continue;
             }
-            if self.release_warpgroups(threads, mem)? {
+            for r in 0..nranks {
+                mem.at_rank(r);
+                released |= self
+                    .release_warpgroups(&mut threads[r * nt..(r + 1) * nt], mem, r)
+                    .map_err(|e| self.tag(Some(r), e))?;
+            }
+            if released {
                 continue;
             }
-            if self.land_wgmma(threads, mem)? {
+            for r in 0..nranks {
+                mem.at_rank(r);
+                released |= self
+                    .land_wgmma(&mut threads[r * nt..(r + 1) * nt], mem, r)
+                    .map_err(|e| self.tag(Some(r), e))?;
+            }
+            if released {
                 continue;
             }
             if !progress && !mem.pending.is_empty() {
                 // Nothing else can run: the copies in flight land.
-                self.land_pending(&threads[0], mem, None)?;
+                self.land_pending(&threads[0], mem, None).map_err(|e| self.tag(None, e))?;
                 continue;
             }
             if !progress {
-                let at: Vec<String> = threads
-                    .iter()
-                    .filter(|t| t.st != St::Exited)
-                    .take(4)
-                    .map(|t| {
-                        let line = self.f.instrs.get(t.pc as usize).map(|i| i.line).unwrap_or(0);
+                let at = |t: &Thread| {
+                    let line = self.f.instrs.get(t.pc as usize).map(|i| i.line).unwrap_or(0);
+                    if nranks == 1 {
                         format!("thread {} waits at line {line} ({:?})", t.linear, t.st)
-                    })
-                    .collect();
-                return Err(format!("deadlock: {}", at.join(", ")));
+                    } else {
+                        let [x, y, z] = t.ctaid;
+                        format!(
+                            "thread {} of block ({x}, {y}, {z}) waits at line {line} ({:?})",
+                            t.linear, t.st
+                        )
+                    }
+                };
+                let live = threads.iter().filter(|t| t.st != St::Exited);
+                // In a cluster, the first waiting thread of each block.
+                let at: Vec<String> = if nranks == 1 {
+                    live.take(4).map(at).collect()
+                } else {
+                    let mut seen = vec![false; nranks];
+                    live.filter(|t| !std::mem::replace(&mut seen[t.rank], true)).map(at).collect()
+                };
+                return Err(self.tag(None, format!("deadlock: {}", at.join(", "))));
             }
         }
+    }
+
+    /// Complete the current `barrier.cluster` phase once every thread of the cluster not exited
+    /// has arrived at it, releasing the threads that wait for it.
+    fn release_cluster_barrier(threads: &mut [Thread], mem: &mut Mem) -> bool {
+        if mem.cl_arrivals == 0 {
+            return false;
+        }
+        let p = mem.cl_phase;
+        if !threads.iter().all(|t| t.st == St::Exited || t.cl_arrived == Some(p)) {
+            return false;
+        }
+        mem.cl_phase += 1;
+        mem.cl_arrivals = 0;
+        for t in threads.iter_mut() {
+            if t.st == St::ClWait {
+                t.st = St::Run;
+                t.pc += 1;
+                t.cl_arrived = None;
+            }
+        }
+        true
     }
 
     /// Release every `bar.sync` whose participants have all arrived. Exited threads count as
@@ -622,8 +839,9 @@ impl Grid<'_> {
         Ok(any)
     }
 
-    /// Run every `wgmma.mma_async` whose warpgroup (128 threads) has all arrived at it.
-    fn release_warpgroups(&mut self, threads: &mut [Thread], mem: &mut Mem) -> R<bool> {
+    /// Run every `wgmma.mma_async` whose warpgroup (128 threads) has all arrived at it, in the
+    /// block of cluster rank `rank` (its `threads`).
+    fn release_warpgroups(&mut self, threads: &mut [Thread], mem: &mut Mem, rank: usize) -> R<bool> {
         let mut any = false;
         let nt = threads.len();
         for lo in (0..nt).step_by(128) {
@@ -655,6 +873,7 @@ impl Grid<'_> {
             Self::check_fenced(wg, ins, &keep).map_err(at)?;
             if self.lim.late_copies {
                 mem.wgq.push(PendWg {
+                    rank,
                     lo,
                     pc,
                     group: wg[0].wg_committed,
@@ -885,7 +1104,8 @@ impl Grid<'_> {
     /// of its warpgroup in a group older than its N most recent; a product is computed at the
     /// first such wait (its A registers and shared memory read then), D's running value taken
     /// from the products before it that have not reached that thread's registers yet.
-    fn land_wgmma(&mut self, threads: &mut [Thread], mem: &mut Mem) -> R<bool> {
+    /// `threads`: the block of cluster rank `rank`.
+    fn land_wgmma(&mut self, threads: &mut [Thread], mem: &mut Mem, rank: usize) -> R<bool> {
         let mut any = false;
         for i in 0..threads.len() {
             if threads[i].st != St::WgWait {
@@ -904,7 +1124,7 @@ impl Grid<'_> {
             let bit = 1u128 << (i - lo);
             for qi in 0..mem.wgq.len() {
                 let p = &mem.wgq[qi];
-                if p.lo != lo || p.group >= limit || p.landed & bit != 0 {
+                if p.rank != rank || p.lo != lo || p.group >= limit || p.landed & bit != 0 {
                     continue;
                 }
                 if p.result.is_none() {
@@ -914,7 +1134,7 @@ impl Grid<'_> {
                     // warpgroup computed but not yet in that thread's registers, else the register.
                     let c_of = |ti: usize, reg: usize| -> R<u64> {
                         for e in earlier.iter().rev() {
-                            if e.lo != lo || e.landed & (1u128 << ti) != 0 {
+                            if e.rank != rank || e.lo != lo || e.landed & (1u128 << ti) != 0 {
                                 continue;
                             }
                             let Some(res) = &e.result else { continue };
@@ -947,23 +1167,28 @@ impl Grid<'_> {
         Ok(any)
     }
 
-    /// The offset of an mbarrier (8 bytes of shared memory) at `addr`.
-    fn mbar_off(&self, mem: &Mem, addr: u64) -> R<u64> {
-        Ok(self.locate(mem, Space::Shared, addr, 8)?.1 as u64)
+    /// The offset in `Mem::shared` of an mbarrier (8 bytes of shared memory) at `addr` of
+    /// `space` (`.shared::cta` or `.shared::cluster`).
+    fn mbar_off(&self, mem: &Mem, space: Space, addr: u64) -> R<u64> {
+        Ok(self.locate(mem, space, addr, 8)?.1 as u64)
     }
 
-    /// The mbarrier at `addr`.
-    fn mbar<'m>(&self, mem: &'m mut Mem, addr: u64) -> R<&'m mut Mbar> {
-        let off = self.mbar_off(mem, addr)?;
+    /// The mbarrier at `addr` of `space`.
+    fn mbar<'m>(&self, mem: &'m mut Mem, space: Space, addr: u64) -> R<&'m mut Mbar> {
+        let off = self.mbar_off(mem, space, addr)?;
+        let at = mem.shared_at(off);
         mem.mbars
             .get_mut(&off)
-            .ok_or_else(|| format!("no mbarrier initialised at byte {off} of shared memory"))
+            .ok_or_else(|| format!("no mbarrier initialised at {at}"))
     }
 
-    /// One arrival (and `tx` more transaction bytes) on the mbarrier at `addr`; its phase
-    /// completes when every arrival and every byte is in.
-    fn mbar_arrive(&self, mem: &mut Mem, addr: u64, count: u32, tx: i64) -> R<()> {
-        let m = self.mbar(mem, addr)?;
+    /// One arrival (and `tx` more transaction bytes) on the mbarrier at `addr` of `space`; its
+    /// phase completes when every arrival and every byte is in.
+    fn mbar_arrive(&self, mem: &mut Mem, space: Space, addr: u64, count: u32, tx: i64) -> R<()> {
+        if mem.nranks > 1 {
+            mem.check_live(self.mbar_off(mem, space, addr)? as usize)?;
+        }
+        let m = self.mbar(mem, space, addr)?;
         m.tx += tx;
         if count > m.pending {
             return Err(format!(
@@ -972,7 +1197,7 @@ impl Grid<'_> {
             ));
         }
         m.pending -= count;
-        let off = self.mbar_off(mem, addr)?;
+        let off = self.mbar_off(mem, space, addr)?;
         Self::mbar_settle(mem, off);
         Ok(())
     }
@@ -1056,20 +1281,34 @@ impl Grid<'_> {
         for (d, o) in cs.iter().enumerate() {
             c[d] = self.read(t, o, Ty::S32, None)? as u32 as i32 as i64;
         }
-        // Faults at issue, as on the GPU: the barrier, and the box's extent in shared memory.
-        let bar = self.mbar_off(mem, bar)?;
+        // Faults at issue, as on the GPU: the barrier, and the box's extent in shared memory
+        // (both `.shared::cluster` addresses: the block's own, or in a kernel with cluster
+        // addresses another's of the cluster).
+        let sp = Self::tma_space(mem);
+        let bar = self.mbar_off(mem, sp, bar)?;
         if !mem.mbars.contains_key(&bar) {
-            return Err(format!("no mbarrier initialised at byte {bar} of shared memory"));
+            return Err(format!("no mbarrier initialised at {}", mem.shared_at(bar)));
         }
         let nbox: u64 = (0..dims).map(|d| tm.box_dim[d] as u64).product();
-        self.locate(mem, Space::Shared, dst, 16)?;
-        self.locate(mem, Space::Shared, (dst + nbox * esize).saturating_sub(16).max(dst), 16)?;
+        self.locate(mem, sp, dst, 16)?;
+        self.locate(mem, sp, (dst + nbox * esize).saturating_sub(16).max(dst), 16)?;
+        // The destination with its block's rank, for it lands while any block's threads run.
+        let dst = if sp == Space::SharedCluster && dst >> RANK_SHIFT == 0 {
+            dst | (mem.rank as u64 + 1) << RANK_SHIFT
+        } else {
+            dst
+        };
         if self.lim.late_copies {
             mem.pending.push(Pending::Tma { bar, dst, tm, c, dims });
             Ok(())
         } else {
             self.tma_land(t, mem, bar, dst, &tm, &c, dims)
         }
+    }
+
+    /// The space of a tensor copy's destination and mbarrier addresses.
+    fn tma_space(mem: &Mem) -> Space {
+        if mem.clustered { Space::SharedCluster } else { Space::Shared }
     }
 
     /// Land the copies in flight: those completing on the mbarrier at offset `bar`, or all.
@@ -1093,6 +1332,9 @@ impl Grid<'_> {
                         local: Vec::new(),
                         tid: [0; 3],
                         linear: 0,
+                        rank: 0,
+                        ctaid: [0; 3],
+                        cl_arrived: None,
                         open: Vec::new(),
                         groups: VecDeque::new(),
                         wg_committed: 0,
@@ -1144,14 +1386,15 @@ impl Grid<'_> {
                 } else {
                     0
                 };
-                let (_, off) = self.locate(mem, Space::Shared, phys, esize as usize)?;
+                let (_, off) = self.locate(mem, Self::tma_space(mem), phys, esize as usize)?;
                 mem.shared[off..off + esize as usize].copy_from_slice(&v.to_le_bytes()[..esize as usize]);
             }
         }
+        let at = mem.shared_at(bar);
         let m = mem
             .mbars
             .get_mut(&bar)
-            .ok_or_else(|| format!("no mbarrier initialised at byte {bar} of shared memory"))?;
+            .ok_or_else(|| format!("no mbarrier initialised at {at}"))?;
         m.tx -= (nbox * esize) as i64;
         Self::mbar_settle(mem, bar);
         Ok(())
@@ -1253,6 +1496,7 @@ impl Grid<'_> {
         let open = std::mem::take(&mut t.open);
         land(open, t, mem)?;
         t.st = St::Exited;
+        mem.live[t.rank] -= 1;
         Ok(())
     }
 
@@ -1581,7 +1825,7 @@ impl Grid<'_> {
         match s {
             Special::Tid(d) => t.tid[d as usize] as u64,
             Special::Ntid(d) => b[d as usize] as u64,
-            Special::Ctaid(d) => self.ctaid[d as usize] as u64,
+            Special::Ctaid(d) => t.ctaid[d as usize] as u64,
             Special::Nctaid(d) => self.l.grid[d as usize] as u64,
             Special::LaneId => lane as u64,
             Special::WarpId => (t.linear / 32) as u64,
@@ -1601,6 +1845,13 @@ impl Grid<'_> {
             Special::Clock | Special::Clock64 | Special::GlobalTimer => self.steps,
             Special::DynSmem => self.l.dynamic_shared as u64,
             Special::TotalSmem => self.m.static_shared + self.l.dynamic_shared as u64,
+            Special::ClusterCtaRank => t.rank as u64,
+            Special::ClusterNCtaRank => self.ctaids.len() as u64,
+            Special::ClusterId(d) => (t.ctaid[d as usize] / self.cdim[d as usize]) as u64,
+            Special::NClusterId(d) => (self.l.grid[d as usize] / self.cdim[d as usize]) as u64,
+            Special::ClusterCtaid(d) => (t.ctaid[d as usize] % self.cdim[d as usize]) as u64,
+            Special::ClusterNCtaid(d) => self.cdim[d as usize] as u64,
+            Special::IsExplicitCluster => (self.f.explicit_cluster || self.f.cluster.is_some()) as u64,
         }
     }
 
@@ -1674,42 +1925,77 @@ impl Grid<'_> {
         Ok(())
     }
 
-    /// Where `addr` of `space` lives: (region, offset). Region 0: globals, 1: shared, 2: local,
-    /// 3: params, 4 + i: buffer i.
+    /// Where `addr` of `space` lives: (region, offset). Region 0: globals, 1: shared (every
+    /// block's of the cluster), 2: local, 3: params, 4 + i: buffer i.
     fn locate(&self, mem: &Mem, space: Space, addr: u64, n: usize) -> R<(usize, usize)> {
-        let (region, off, len, what) = match space {
-            Space::Shared => (1usize, addr, mem.shared.len(), "shared memory".to_string()),
-            Space::Param => (3, addr, mem.params.len(), "the parameters".to_string()),
-            Space::Local => (2, addr, self.f.local_bytes as usize, "local memory".to_string()),
+        // The region, where the memory addressed starts in it, the offset there and its size.
+        let (region, start, off, len) = match space {
+            Space::Shared => (1usize, mem.base, addr, mem.stride),
+            Space::SharedCluster => (1, mem.cluster_block(addr)?, addr & RANK_MASK, mem.stride),
+            Space::Param => (3, 0, addr, mem.params.len()),
+            Space::Local => (2, 0, addr, self.f.local_bytes as usize),
             Space::Global | Space::Const | Space::Generic => {
                 let w = addr >> WIN;
                 let off = addr & ((1u64 << WIN) - 1);
                 match w {
-                    GLOBALS_WIN => (0, off, mem.globals.len(), "the module's variables".to_string()),
-                    SHARED_WIN if space == Space::Generic => (1, off, mem.shared.len(), "shared memory".to_string()),
-                    LOCAL_WIN if space == Space::Generic => (2, off, self.f.local_bytes as usize, "local memory".to_string()),
+                    GLOBALS_WIN => (0, 0, off, mem.globals.len()),
+                    SHARED_WIN if space == Space::Generic => {
+                        if mem.clustered {
+                            (1, mem.cluster_block(off)?, off & RANK_MASK, mem.stride)
+                        } else {
+                            (1, mem.base, off, mem.stride)
+                        }
+                    }
+                    LOCAL_WIN if space == Space::Generic => (2, 0, off, self.f.local_bytes as usize),
                     w if w >= 2 && ((w - 2) as usize) < mem.bufs.len() => {
                         let i = (w - 2) as usize;
-                        (4 + i, off, mem.bufs[i].len(), format!("buffer {i}"))
+                        (4 + i, 0, off, mem.bufs[i].len())
                     }
                     _ => return Err(format!("access to {addr:#x}, which is no memory of the launch")),
                 }
             }
         };
+        if !(off as usize).is_multiple_of(n) || off.checked_add(n as u64).is_none_or(|e| e > len as u64) {
+            return Err(Self::bad_access(mem, space, addr, region, start, off, len, n));
+        }
+        Ok((region, start + off as usize))
+    }
+
+    /// Why an access `locate` refuses is out of bounds or misaligned.
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn bad_access(mem: &Mem, space: Space, addr: u64, region: usize, start: usize, off: u64, len: usize, n: usize) -> String {
+        if space == Space::Shared && mem.clustered && addr >> RANK_SHIFT != 0 {
+            return format!(
+                "{n}-byte .shared::cta access at {addr:#x}, a .shared::cluster address of cluster rank {} (mapa's addresses take .shared::cluster or generic accesses)",
+                (addr >> RANK_SHIFT) - 1
+            );
+        }
+        let what = match region {
+            0 => "the module's variables".to_string(),
+            1 if start != mem.base => format!("the shared memory of cluster rank {}", start / mem.stride.max(1)),
+            1 => "shared memory".to_string(),
+            2 => "local memory".to_string(),
+            3 => "the parameters".to_string(),
+            i => format!("buffer {}", i - 4),
+        };
         if !(off as usize).is_multiple_of(n) {
-            return Err(format!("misaligned {n}-byte access at byte {off} of {what}"));
+            format!("misaligned {n}-byte access at byte {off} of {what}")
+        } else {
+            format!("{n}-byte access at byte {off} of {what}, which has {len} bytes")
         }
-        if off.checked_add(n as u64).is_none_or(|e| e > len as u64) {
-            return Err(format!("{n}-byte access at byte {off} of {what}, which has {len} bytes"));
-        }
-        Ok((region, off as usize))
     }
 
     fn load(&self, t: &Thread, mem: &Mem, space: Space, addr: u64, n: usize) -> R<u64> {
         let (r, off) = self.locate(mem, space, addr, n)?;
         let src: &[u8] = match r {
             0 => &mem.globals,
-            1 => &mem.shared,
+            1 => {
+                if mem.nranks > 1 {
+                    mem.check_live(off)?;
+                }
+                &mem.shared
+            }
             2 => &t.local,
             3 => &mem.params,
             i => &mem.bufs[i - 4],
@@ -1723,7 +2009,12 @@ impl Grid<'_> {
         let (r, off) = self.locate(mem, space, addr, n)?;
         let dst: &mut [u8] = match r {
             0 => &mut mem.globals,
-            1 => &mut mem.shared,
+            1 => {
+                if mem.nranks > 1 {
+                    mem.check_live(off)?;
+                }
+                &mut mem.shared
+            }
             2 => &mut t.local,
             3 => return Err("a store to the parameters".into()),
             i => &mut mem.bufs[i - 4],
@@ -1814,7 +2105,7 @@ impl Grid<'_> {
             Base::Cvta => {
                 let v = self.read(t, arg(1)?, Ty::U64, None)?;
                 let base = match op.space {
-                    Space::Shared => SHARED_WIN << WIN,
+                    Space::Shared | Space::SharedCluster => SHARED_WIN << WIN,
                     Space::Local => LOCAL_WIN << WIN,
                     _ => 0,
                 };
@@ -1837,7 +2128,7 @@ impl Grid<'_> {
                     return Err(format!("cp.async of {size} bytes"));
                 }
                 // Check both ends now, as the GPU faults at issue.
-                self.locate(mem, Space::Shared, dst, size)?;
+                let dst = self.locate(mem, Space::Shared, dst, size)?.1 as u64;
                 if bytes > 0 {
                     self.locate(mem, Space::Global, src, bytes.min(size).next_power_of_two())?;
                 }
@@ -2006,13 +2297,15 @@ impl Grid<'_> {
                     1
                 };
                 let addr = self.address(t, arg(at)?)?;
+                // `.shared::cta`, or `.shared::cluster` for arrivals on another block's.
+                let sp = op.space;
                 match op.mode {
                     hop::MB_INIT => {
                         let count = self.read(t, arg(1)?, Ty::U32, None)? as u32;
                         if count == 0 {
                             return Err("an mbarrier initialised with a count of 0".into());
                         }
-                        let off = self.mbar_off(mem, addr)?;
+                        let off = self.mbar_off(mem, sp, addr)?;
                         mem.mbars.insert(
                             off,
                             Mbar {
@@ -2024,12 +2317,12 @@ impl Grid<'_> {
                         );
                     }
                     hop::MB_INVAL => {
-                        let off = self.mbar_off(mem, addr)?;
+                        let off = self.mbar_off(mem, sp, addr)?;
                         mem.mbars.remove(&off);
                     }
                     hop::MB_EXPECT_TX => {
                         let tx = self.read(t, arg(1)?, Ty::U32, None)? as i64;
-                        self.mbar_arrive(mem, addr, 0, tx)?;
+                        self.mbar_arrive(mem, sp, addr, 0, tx)?;
                     }
                     hop::MB_ARRIVE | hop::MB_ARRIVE_TX => {
                         let (count, tx) = if op.mode == hop::MB_ARRIVE_TX {
@@ -2041,8 +2334,8 @@ impl Grid<'_> {
                             }
                         };
                         // The state token: the phase arrived on.
-                        let phase = self.mbar(mem, addr)?.phase;
-                        self.mbar_arrive(mem, addr, count, tx)?;
+                        let phase = self.mbar(mem, sp, addr)?.phase;
+                        self.mbar_arrive(mem, sp, addr, count, tx)?;
                         Self::write(t, arg(0)?, phase)?;
                     }
                     _ => {
@@ -2050,9 +2343,9 @@ impl Grid<'_> {
                         // (the current phase's parity is the count of completed ones mod 2).
                         let parity = self.read(t, arg(2)?, Ty::U32, None)? & 1;
                         // What is in flight on this barrier lands before the answer.
-                        let bar = self.mbar_off(mem, addr)?;
+                        let bar = self.mbar_off(mem, sp, addr)?;
                         self.land_pending(t, mem, Some(bar))?;
-                        let done = (self.mbar(mem, addr)?.phase & 1) != parity;
+                        let done = (self.mbar(mem, sp, addr)?.phase & 1) != parity;
                         if done {
                             t.told_open = None;
                         } else {
@@ -2075,7 +2368,7 @@ impl Grid<'_> {
                 // The arrival follows the thread's earlier copies: they are in flight on this
                 // barrier (landing when it is waited on) and the arrival counts now.
                 let addr = self.address(t, arg(0)?)?;
-                let bar = self.mbar_off(mem, addr)?;
+                let bar = self.mbar_off(mem, Space::Shared, addr)?;
                 let mut copies: Vec<Copy> = t.groups.drain(..).flatten().collect();
                 copies.append(&mut t.open);
                 if self.lim.late_copies {
@@ -2085,9 +2378,52 @@ impl Grid<'_> {
                 }
                 // Without .noinc the pending count goes up by one first: no net change.
                 let count = if op.flags & hop::NOINC != 0 { 1 } else { 0 };
-                self.mbar_arrive(mem, addr, count, 0)?;
+                self.mbar_arrive(mem, Space::Shared, addr, count, 0)?;
             }
             Base::Tma => self.tma_issue(t, ins, mem)?,
+            Base::Mapa | Base::GetCtaRank => {
+                // `.shared::cluster` addresses, or generic ones in the shared window.
+                let a0 = self.read(t, arg(1)?, Ty::U64, None)?;
+                let generic = op.space == Space::Generic;
+                let a = if generic {
+                    if a0 >> WIN != SHARED_WIN {
+                        return Err(format!("{a0:#x} is no shared-memory address"));
+                    }
+                    a0 & ((1u64 << WIN) - 1)
+                } else {
+                    a0
+                };
+                let n = mem.nranks;
+                let v = if op.base == Base::GetCtaRank {
+                    (mem.cluster_block(a)? / mem.stride.max(1)) as u64
+                } else {
+                    let r = self.read(t, arg(2)?, Ty::U32, None)? as u32 as u64;
+                    if r >= n as u64 {
+                        return Err(format!("mapa to cluster rank {r}, outside the cluster of {n} block(s)"));
+                    }
+                    let d = (r + 1) << RANK_SHIFT | (a & RANK_MASK);
+                    if generic { SHARED_WIN << WIN | d } else { d }
+                };
+                Self::write(t, arg(0)?, zx(v, op.ty.bits()))?;
+            }
+            Base::ClusterBar => {
+                if op.mode == mode::ARRIVE {
+                    if t.cl_arrived.is_some() {
+                        return Err("a second barrier.cluster.arrive before the barrier.cluster.wait of the first".into());
+                    }
+                    t.cl_arrived = Some(mem.cl_phase);
+                    mem.cl_arrivals += 1;
+                } else {
+                    match t.cl_arrived {
+                        None => return Err("barrier.cluster.wait without a barrier.cluster.arrive before it".into()),
+                        Some(p) if p < mem.cl_phase => t.cl_arrived = None,
+                        Some(_) => {
+                            t.st = St::ClWait;
+                            return Ok(());
+                        }
+                    }
+                }
+            }
             Base::TmapReplace => {
                 let addr = self.address(t, arg(0)?)?;
                 let off = self.locate(mem, Space::Shared, addr, 128)?.1 as u64;
@@ -2400,11 +2736,7 @@ fn land(g: Vec<Copy>, t: &mut Thread, mem: &mut Mem) -> R<()> {
             }
             buf[..c.bytes].copy_from_slice(&src[off..end]);
         }
-        let d = if c.dst >> WIN == SHARED_WIN {
-            (c.dst & ((1u64 << WIN) - 1)) as usize
-        } else {
-            c.dst as usize
-        };
+        let d = c.dst as usize;
         if d + c.size > mem.shared.len() {
             return Err(format!(
                 "cp.async writes past shared memory (byte {} of {})",

@@ -12,9 +12,12 @@
 //! maps built with `tensormap.replace` and published with `tensormap.cp_fenceproxy`, and
 //! `wgmma.mma_async` m64nNk16 (f16 / bf16 in, f32 accumulators; 128-byte swizzled or plain
 //! descriptors; A from shared memory or registers) with `wgmma.commit_group` / `wait_group`
-//! (with `Limits::late_copies` a product lands only at the wait that retires it). Not covered: clusters and multicast,
-//! Blackwell's `tcgen05`, function calls, textures; such an instruction is parsed past and
-//! refused with a one-line reason when a thread reaches it.
+//! (with `Limits::late_copies` a product lands only at the wait that retires it); thread-block
+//! clusters (`.reqnctapercluster`: the cluster's blocks run together, each with its own shared
+//! memory, reaching the others' through `mapa` and `.shared::cluster` or generic accesses, with
+//! `barrier.cluster`, arrivals on another block's mbarrier and the `%cluster_*` registers). Not
+//! covered: multicast and `st.async`, Blackwell's `tcgen05`, function calls, textures; such an
+//! instruction is parsed past and refused with a one-line reason when a thread reaches it.
 //!
 //! Numerics: f32 operations round as IEEE (with PTX's directed modes); approximate functions
 //! (`ex2.approx`, `rcp.approx`, ...) are computed exactly, i.e. at least as accurately as the GPU;

@@ -165,7 +165,15 @@ pub enum Base {
     WgCommit,
     /// `wgmma.wait_group N`: every group of the thread's but the N most recent has completed.
     WgWait,
-    /// An instruction outside the interpreted subset (clusters, tcgen05, `call`, ...): parsed
+    /// `mapa[.shared::cluster].{u32,u64} d, a, rank`: the address of `a` in the shared memory of
+    /// the cluster's block `rank` (space: SharedCluster, or Generic for generic addresses).
+    Mapa,
+    /// `getctarank[.shared::cluster].{u32,u64} d, a`: the cluster rank of the block whose shared
+    /// memory `a` is in.
+    GetCtaRank,
+    /// `barrier.cluster.arrive` (mode::ARRIVE) / `barrier.cluster.wait` (mode::SYNC).
+    ClusterBar,
+    /// An instruction outside the interpreted subset (multicast, tcgen05, `call`, ...): parsed
     /// past, refused when a thread reaches it, so a kernel whose other branches use such
     /// instructions still runs the branches that do not.
     Unsupported,
@@ -402,8 +410,8 @@ pub fn unsupported(name: &str) -> Op {
     }
 }
 
-/// Hopper's asynchronous instructions the interpreter runs (None: not one of their families).
-/// Their variants outside what it models (clusters, multicast, im2col, phases by state token,
+/// Hopper's asynchronous and cluster instructions the interpreter runs (None: not one of their
+/// families). Their variants outside what it models (multicast, im2col, phases by state token,
 /// swizzles other than 128 bytes are checked at run time) are refused here.
 fn decode_hopper(name: &str) -> Result<Option<Op>, String> {
     let p: Vec<&str> = name.split('.').collect();
@@ -442,11 +450,52 @@ fn decode_hopper(name: &str) -> Result<Option<Op>, String> {
             }
             o
         }
+        ("mapa" | "getctarank", ..) => {
+            let mut o = mk(if p[0] == "mapa" { Base::Mapa } else { Base::GetCtaRank });
+            for m in &p[1..] {
+                match *m {
+                    "shared::cluster" => o.space = Space::SharedCluster,
+                    "u32" => o.ty = Ty::U32,
+                    "u64" => o.ty = Ty::U64,
+                    _ => return refuse("a modifier the interpreter does not model"),
+                }
+            }
+            if o.ty == Ty::None {
+                return refuse("a type .u32 or .u64 is required");
+            }
+            o
+        }
+        ("barrier", Some("cluster"), what) => {
+            let mut o = mk(Base::ClusterBar);
+            o.mode = match what {
+                Some("arrive") => mode::ARRIVE,
+                Some("wait") => mode::SYNC,
+                _ => return refuse("barrier.cluster.arrive and barrier.cluster.wait only"),
+            };
+            if p[3..]
+                .iter()
+                .any(|m| !matches!(*m, "release" | "relaxed" | "acquire" | "aligned"))
+            {
+                return refuse("a modifier the interpreter does not model");
+            }
+            o
+        }
         ("mbarrier", Some(what), _) => {
-            if !(has("shared::cta") || has("shared")) || !has("b64") || has("shared::cluster") {
-                return refuse("mbarriers of the block's own shared memory only");
+            if !(has("shared::cta") || has("shared") || has("shared::cluster")) || !has("b64") {
+                return refuse("mbarriers in shared memory (.shared, .shared::cta, .shared::cluster) only");
+            }
+            // Another block's mbarrier (a shared::cluster address) takes arrivals and transaction
+            // counts; a block initialises and waits on its own.
+            let remote_ok = matches!(what, "arrive" | "expect_tx");
+            if has("shared::cluster") && !remote_ok {
+                return refuse("mbarrier init, inval and waits on the block's own shared memory only (.shared::cta)");
             }
             let mut o = mk(Base::Mbar);
+            o.space = if has("shared::cluster") {
+                Space::SharedCluster
+            } else {
+                Space::Shared
+            };
             o.mode = match what {
                 "init" => hop::MB_INIT,
                 "arrive" if has("expect_tx") => hop::MB_ARRIVE_TX,
@@ -613,7 +662,7 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
         "sad" => Base::Sad,
         _ => {
             return Err(format!(
-                "unsupported instruction `{name}` (the interpreter covers the SIMT subset, mma.sync, ldmatrix, mbarriers, TMA tensor loads and wgmma; not clusters, tcgen05 or calls)"
+                "unsupported instruction `{name}` (the interpreter covers the SIMT subset, mma.sync, ldmatrix, mbarriers, TMA tensor loads, wgmma and clusters; not multicast, tcgen05 or calls)"
             ));
         }
     };
@@ -694,6 +743,7 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
             (Base::Shf, "clamp") => op.flags |= flag::CLAMP,
             (_, "global") => op.space = Space::Global,
             (_, "shared" | "shared::cta") => op.space = Space::Shared,
+            (Base::Ld | Base::St | Base::Atom | Base::Red | Base::Cvta, "shared::cluster") => op.space = Space::SharedCluster,
             (_, "local") => op.space = Space::Local,
             (_, "param") => op.space = Space::Param,
             (_, "const") => op.space = Space::Const,
@@ -727,7 +777,10 @@ pub fn min_operands(op: &Op) -> usize {
         | Base::CpAsyncWaitAll
         | Base::WgFence
         | Base::WgCommit
+        | Base::ClusterBar
         | Base::Unsupported => 0,
+        Base::GetCtaRank => 2,
+        Base::Mapa => 3,
         Base::WgWait => 1,
         Base::CpAsyncMbar => 1,
         Base::Mbar if matches!(op.mode, hop::MB_INVAL) => 1,

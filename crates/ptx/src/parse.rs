@@ -11,7 +11,11 @@ use crate::op::{Op, decode_op};
 pub enum Space {
     Generic,
     Global,
+    /// `.shared` / `.shared::cta`: the block's own shared memory.
     Shared,
+    /// `.shared::cluster`: the shared memory of any block of the cluster (an address of the
+    /// block's own shared memory is one too).
+    SharedCluster,
     Local,
     Param,
     Const,
@@ -67,6 +71,15 @@ pub enum Special {
     GlobalTimer,
     DynSmem,
     TotalSmem,
+    /// `%cluster_ctarank`, `%cluster_nctarank`.
+    ClusterCtaRank,
+    ClusterNCtaRank,
+    /// `%clusterid`, `%nclusterid`, `%cluster_ctaid`, `%cluster_nctaid`.
+    ClusterId(u8),
+    NClusterId(u8),
+    ClusterCtaid(u8),
+    ClusterNCtaid(u8),
+    IsExplicitCluster,
 }
 
 /// One instruction.
@@ -108,6 +121,10 @@ pub struct Function {
     pub local_bytes: u64,
     /// `.reqntid` / `.maxntid`.
     pub max_threads: Option<u32>,
+    /// `.reqnctapercluster`: the cluster shape the kernel is launched with.
+    pub cluster: Option<[u32; 3]>,
+    /// `.explicitcluster`.
+    pub explicit_cluster: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -538,6 +555,10 @@ fn special(name: &str) -> Option<Special> {
             "%ntid" => Special::Ntid(d),
             "%ctaid" => Special::Ctaid(d),
             "%nctaid" => Special::Nctaid(d),
+            "%clusterid" => Special::ClusterId(d),
+            "%nclusterid" => Special::NClusterId(d),
+            "%cluster_ctaid" => Special::ClusterCtaid(d),
+            "%cluster_nctaid" => Special::ClusterNCtaid(d),
             _ => return None,
         });
     }
@@ -558,6 +579,9 @@ fn special(name: &str) -> Option<Special> {
         "%globaltimer" => Special::GlobalTimer,
         "%dynamic_smem_size" => Special::DynSmem,
         "%total_smem_size" => Special::TotalSmem,
+        "%cluster_ctarank" => Special::ClusterCtaRank,
+        "%cluster_nctarank" => Special::ClusterNCtaRank,
+        "%is_explicit_cluster" => Special::IsExplicitCluster,
         "%tid" | "%ntid" | "%ctaid" | "%nctaid" => return None,
         _ => return None,
     })
@@ -607,6 +631,8 @@ fn parse_function(p: &mut P, m: &mut Module, globals: &HashMap<String, u32>, ent
         nregs: 0,
         local_bytes: 0,
         max_threads: None,
+        cluster: None,
+        explicit_cluster: false,
     };
     let mut cx = FnCtx {
         scope: Scope {
@@ -669,6 +695,14 @@ fn parse_function(p: &mut P, m: &mut Module, globals: &HashMap<String, u32>, ent
         if w == ".maxntid" || w == ".reqntid" {
             f.max_threads = Some(nums.iter().product::<i64>().max(1) as u32);
         }
+        if w == ".reqnctapercluster" {
+            let mut c = [1u32; 3];
+            for (d, n) in c.iter_mut().zip(&nums) {
+                *d = u32::try_from(*n).map_err(|_| format!("line {}: bad cluster shape {nums:?}", p.line()))?;
+            }
+            f.cluster = Some(c);
+        }
+        f.explicit_cluster |= w == ".explicitcluster";
     }
     if p.eat_p(';') {
         // A declaration only (`.extern .func`).
@@ -870,6 +904,14 @@ fn parse_operand(p: &mut P, cx: &mut FnCtx, ii: usize, ai: usize) -> Result<Opd,
         return Ok(Opd::Special(s));
     }
     if let Some(s) = cx.sym(&w) {
+        // `var+imm` (mapa, getctarank, mov): the variable's address plus the offset.
+        if p.is_p('+')
+            && let Some(Tok::Word(n)) = p.t.get(p.i + 1)
+            && let Some(v) = parse_int(n)
+        {
+            p.i += 2;
+            return Ok(Opd::Addr(AddrBase::Sym(s), v));
+        }
         return Ok(Opd::Sym(s));
     }
     // Anything else that is a name is a label, resolved (or refused) at the function's end.
