@@ -676,10 +676,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // theirs; with CV 1 both passes read the run's Bm and Cm rows the warp widened once; with HO 1
     // a link is one PTX sequence (wait, read, FMA, store, arrive); HO 2 polls with test_wait; with
     // YS 1 a group of G steps' partial y is summed and transposed by shuffles (G 2 leaves the
-    // second block 8 of its 16 channels); with A1 1 lane 0 alone arrives for its warp; with CL 2 / 4
-    // a group of channels' runs go over the warps of a cluster's blocks, the hand-over from one block
-    // to the next through distributed shared memory (CL 4: 32 warps for 19 runs, some with none);
-    // with CV 2 the next run's rows are widened while the current run waits for its state.
+    // second block 8 of its 16 channels); with A1 1 lane 0 alone arrives for its warp.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -704,12 +701,6 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["YS=1", "G=8", "K=8", "CV=1"],
         &["A1=1"],
         &["A1=1", "HS=4", "G=2", "K=8"],
-        &["CL=2"],
-        &["CL=2", "W=4", "A1=1"],
-        &["CL=4", "G=2", "K=8", "CV=1"],
-        &["CV=2"],
-        &["CV=2", "SL=2", "G=2", "K=8"],
-        &["CV=2", "CL=2", "YS=1"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -719,12 +710,9 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         );
     }
     let src = std::fs::read_to_string(tasks_dir().join("mamba_scan/cuda/tw_scan.cu")).unwrap();
-    let wait = "mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (gw == 0));";
+    let wait = "mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));";
     let map_wait = "mb_wait(&sm.mm[wq], (unsigned)(rq / W) & 1);";
-    let widen_cm = "widen(&rn.cm[0][0], &sm.cf[w][0][0][0], lane);";
-    let cl_init = "cl_sync();  // the mbarriers of every block of the cluster exist";
-    let cl_slot = "hand_cluster(((last + 1) / WT) & 1 ? nx1 : nx0, nmb, ho, lane);";
-    let ahead = "cp_wait<SL - 2>();  // its copies (issued a run ago) have landed";
+    let widen_cm = "widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);";
     let retry = r#""@!w bra WAIT;\n""#;
     let keep = "const float keep = hi ? v[j + m] : v[j];";
     let elect = "if (lane == 0) mb_arrive(m);";
@@ -734,10 +722,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
             && src.contains(widen_cm)
             && src.contains(retry)
             && src.contains(keep)
-            && src.contains(elect)
-            && src.contains(cl_init)
-            && src.contains(cl_slot)
-            && src.contains(ahead),
+            && src.contains(elect),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -757,21 +742,12 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // A1 with every lane arriving on an mbarrier that expects one arrival a phase.
     let all = dir.path().join("all.cu");
     std::fs::write(&all, src.replace(elect, "mb_arrive(m);")).unwrap();
-    // CL 2 handing every state over into the first of the next warp's two slots: the run after
-    // reads the other, never written.
-    let slot = dir.path().join("slot.cu");
-    std::fs::write(&slot, src.replace(cl_slot, "hand_cluster(nx0, nmb, ho, lane);")).unwrap();
-    // CV 2 widening the next run's rows without waiting for their copies.
-    let unlanded = dir.path().join("unlanded.cu");
-    std::fs::write(&unlanded, src.replace(ahead, "")).unwrap();
     for (defs, file) in [
         (&["HS=1"][..], &early),
         (&["HS=1"], &phase),
         (&["HS=4"], &map),
         (&["HO=1"], &once),
         (&["A1=1"], &all),
-        (&["CL=2"], &slot),
-        (&["CV=2"], &unlanded),
     ] {
         let (code, stdout, _) = run(defs, Some(file));
         assert_eq!(code, 1, "{file:?}: {stdout}");
@@ -782,20 +758,10 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     }
     // CV 1 with the Cm rows widened from the Bm rows: y is wrong, the final state is not.
     let cm = dir.path().join("cm.cu");
-    std::fs::write(&cm, src.replace(widen_cm, "widen(&rn.bm[0][0], &sm.cf[w][0][0][0], lane);")).unwrap();
+    std::fs::write(&cm, src.replace(widen_cm, "widen(&rn.bm[0][0], &sm.cf[w][0][0], lane);")).unwrap();
     // YS 1 with a lane keeping the steps it should send: each sum mixes two steps' partials.
     let swap = dir.path().join("swap.cu");
     std::fs::write(&swap, src.replace(keep, "const float keep = hi ? v[j] : v[j + m];")).unwrap();
-    // CL 2 without the cluster barrier after the mbarriers' initialisation: block 0's last warp
-    // arrives on block 1's mbarrier before block 1 has made it.
-    let uninit = dir.path().join("uninit.cu");
-    std::fs::write(&uninit, src.replace(cl_init, "")).unwrap();
-    let (code, stdout, _) = run(&["CL=2"], Some(&uninit));
-    assert_eq!(code, 1, "{stdout}");
-    assert!(
-        stdout.starts_with("FAIL tw_scan") && stdout.contains("no mbarrier initialised"),
-        "{stdout}"
-    );
     for (defs, file) in [(&["CV=1"][..], &cm), (&["YS=1"], &swap)] {
         let (code, stdout, _) = run(defs, Some(file));
         assert_eq!(code, 1, "{file:?}: {stdout}");

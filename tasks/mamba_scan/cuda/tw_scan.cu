@@ -58,6 +58,14 @@
 // with 22% fewer instructions but 55.7% of issue slots busy, not bound by its chain (HS 4 there: the same
 // time, bench/h100-2026-12-06-scan-hs-a1-k8.txt). A1 (1: a hand-over or a published map is one arrival,
 // lane 0's after a warp barrier, instead of 32; timed the same day: 0.4-15% slower everywhere, default 0).
+// Timed later that day and removed (H100, bench/h100-2026-12-06-scan-cluster-cv2.txt, the source as of
+// commit 47ee71e): a group of channels' runs dealt over the warps of a cluster's 2 or 4 blocks on as many
+// SMs, the hand-over between blocks through distributed shared memory (mapa, st.shared::cluster, a
+// release-cluster arrive on the other block's mbarrier), to even out d_inner 1536's 192 blocks on 132 SMs:
+// with the same warps a group (2 blocks of 4) 79.8 us there against 50.1 and 1.6-2.0x slower elsewhere;
+// runs of 8 steps, twice the links that cross SMs, 2.4-3.4x; a link that crosses SMs cost about 1-1.5 us.
+// And the next run's Bm and Cm rows widened while the current run waits for its state (off the path from
+// the rows' landing to the first pass): 5-13% slower than without widening, CV 1 itself 2-8% slower at G 4.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -115,11 +123,7 @@
 #ifndef A1
 #define A1 0
 #endif
-#ifndef CL
-#define CL 1
-#endif
 #define CH (32 / G)            // channels per block (and per warp)
-#define WT (W * CL)            // warps along one group of channels' time (CL blocks of a cluster)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
 #define PB (RB < 16 ? RB : 16) // bytes per cp.async piece of those rows
@@ -151,8 +155,8 @@
 #if HS != 1 && HS != 2 && HS != 4
 #error "HS must be 1, 2 or 4"
 #endif
-#if CV != 0 && CV != 1 && CV != 2
-#error "CV must be 0, 1 or 2"
+#if CV != 0 && CV != 1
+#error "CV must be 0 or 1"
 #endif
 #if HO != 0 && HO != 1 && HO != 2
 #error "HO must be 0, 1 or 2"
@@ -171,12 +175,6 @@
 #endif
 #if YS && K % G != 0
 #error "YS needs K a multiple of G"
-#endif
-#if CL != 1 && CL != 2 && CL != 4
-#error "CL must be 1, 2 or 4"
-#endif
-#if CL > 1 && (HS != 1 || HO != 0)
-#error "CL > 1 needs HS 1 and HO 0"
 #endif
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -205,11 +203,7 @@ __device__ __forceinline__ void mb_arrive(unsigned long long* m) {
 __device__ __forceinline__ void mb_wait(unsigned long long* m, unsigned parity) {
     unsigned done;
     do {
-#if CL > 1
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-#else
         asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-#endif
                      : "=r"(done) : "r"(smem_addr(m)), "r"(parity) : "memory");
     } while (!done);
 }
@@ -225,44 +219,6 @@ __device__ __forceinline__ void hand_on(unsigned long long* m, int lane) {
     mb_arrive(m);
 #endif
 }
-#if CL > 1
-// CL: a group of channels' runs dealt over the W warps of each of the CL blocks of a cluster (its
-// blocks on as many SMs), the hand-over from the last warp of one block to the first of the next
-// through distributed shared memory: the block's rank in the cluster, an address of this block's
-// shared memory as block `rank` sees it, the cluster's barrier (every thread of its blocks).
-__device__ __forceinline__ int cl_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return (int)r;
-}
-__device__ __forceinline__ unsigned cl_map(const void* p, int rank) {
-    unsigned a;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
-    return a;
-}
-__device__ __forceinline__ void cl_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The state leaving a run stored at `dst` and its mbarrier `mo` arrived on (cluster addresses, in this
-// block or another of the cluster); the arrival releases the stores at cluster scope.
-__device__ __forceinline__ void hand_cluster(unsigned dst, unsigned mo, const float* v, int lane) {
-#if S % 4 == 0
-#pragma unroll
-    for (int s = 0; s < S; s += 4)
-        asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + 4 * s), "f"(v[s]), "f"(v[s + 1]),
-                     "f"(v[s + 2]), "f"(v[s + 3]) : "memory");
-#elif S == 2
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(dst), "f"(v[0]), "f"(v[1]) : "memory");
-#else
-    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(dst), "f"(v[0]) : "memory");
-#endif
-#if A1
-    __syncwarp();
-    if (lane == 0)
-#endif
-        asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(mo) : "memory");
-}
-#endif
 #if HO
 // HO: one link of the hand-over chain as one PTX sequence: wait for the phase of mbarrier `mi`, read the
 // entering state (four states at `src`), form the leaving state (p h_in + h) and store it at `dst`, arrive
@@ -311,8 +267,8 @@ struct __align__(16) Smem {
     unsigned long long mb[W];       // a hand-over to warp w completes a phase of mb[w] (ARRIVALS arrivals)
     unsigned long long mm[W];       // HS > 1: warp w's map published completes a phase of mm[w]
 #if CV
-    float bf[W][CV][K][NS];         // CV: the warp's current run's Bm and Cm rows, widened once (CV 2: and
-    float cf[W][CV][K][NS];         // its next run's, widened while the current one waits for its state)
+    float bf[W][K][NS];             // CV: the warp's current run's Bm and Cm rows, widened once
+    float cf[W][K][NS];
 #endif
 };
 // What the launch's shared-memory expression in task.toml counts.
@@ -438,12 +394,7 @@ __device__ __forceinline__ void load_run(Run& rn, const unsigned short* dl, cons
     }
 }
 
-#if CL > 1
-#define CLUSTER __cluster_dims__(CL, 1, 1)
-#else
-#define CLUSTER
-#endif
-extern "C" __global__ void CLUSTER __launch_bounds__(32 * W, MINB) mamba_scan(
+extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
     const unsigned short* __restrict__ u, const unsigned short* __restrict__ delta, const float* __restrict__ A,
     const unsigned short* __restrict__ Bm, const unsigned short* __restrict__ Cm, const float* __restrict__ Dv,
     unsigned short* __restrict__ y, float* __restrict__ state, KS_AXIS batch_, KS_AXIS L_, KS_AXIS D_, KS_AXIS N_) {
@@ -453,12 +404,7 @@ extern "C" __global__ void CLUSTER __launch_bounds__(32 * W, MINB) mamba_scan(
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int c = lane / G, n0 = (lane % G) * S;  // the lane's channel in the block, its first state
     const long long b = blockIdx.y;
-    const long long d0 = (long long)(blockIdx.x / CL) * CH;  // a cluster's CL blocks share their channels
-#if CL > 1
-    const int gw = cl_rank() * W + w;  // the warp's place among the WT warps of its channels
-#else
-    const int gw = w;
-#endif
+    const long long d0 = (long long)blockIdx.x * CH;
     const int nc = (int)min((long long)CH, D - d0);
     const bool al = (D * 2) % PB == 0;  // every block's rows start on a piece boundary
     const unsigned short* dlg = delta + b * L * D + d0;
@@ -476,19 +422,11 @@ extern "C" __global__ void CLUSTER __launch_bounds__(32 * W, MINB) mamba_scan(
         mb_init(&sm.mm[tid], ARRIVALS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#if CL > 1
-    cl_sync();  // the mbarriers of every block of the cluster exist
-    // the next warp's hand-over slots and mbarrier, as cluster addresses (that warp may be in another block)
-    const int gn = (gw + 1) % WT, wn1 = gn % W, rn1 = gn / W;
-    const unsigned nx0 = cl_map(&sm.hx[wn1][0][c * NS + n0], rn1), nx1 = cl_map(&sm.hx[wn1][1][c * NS + n0], rn1);
-    const unsigned nmb = cl_map(&sm.mb[wn1], rn1);
-#else
     __syncthreads();  // the only block barrier: the mbarriers exist
-#endif
 
     const int Ln = (int)L;
     const int nrun = (Ln + K - 1) / K;  // runs of the sequence; warp w takes runs w, w + W, ...
-    const int mine = nrun > gw ? (nrun - gw + WT - 1) / WT : 0;
+    const int mine = nrun > w ? (nrun - w + W - 1) / W : 0;
     const int tp = lane < K * RP ? lane / RP : -1;           // the lane's piece of the delta and u rows
     const long long off = (long long)(lane / RP) * D + HP * (lane % RP);
     const bool pch = HP * (lane % RP) < nc;
@@ -499,35 +437,24 @@ extern "C" __global__ void CLUSTER __launch_bounds__(32 * W, MINB) mamba_scan(
                     pch, D, min(K, Ln - (r) * K), nc, al, lane
 #pragma unroll
     for (int j = 0; j < SL - 1; j++) {
-        if (j < mine) load_run(sm.ring[w][j], RUN_PTRS(gw + j * WT));
+        if (j < mine) load_run(sm.ring[w][j], RUN_PTRS(w + j * W));
         cp_commit();
     }
-#if CV == 2
-    if (mine > 0) {  // the first run's Bm and Cm rows
-        cp_wait<SL - 2>();
-        __syncwarp();
-        widen(&sm.ring[w][0].bm[0][0], &sm.bf[w][0][0][0], lane);
-        widen(&sm.ring[w][0].cm[0][0], &sm.cf[w][0][0][0], lane);
-    }
-#endif
     for (int j = 0; j < mine; j++) {
-        const int r = gw + j * WT;
-        if (j + SL - 1 < mine) load_run(sm.ring[w][(j + SL - 1) % SL], RUN_PTRS(r + (SL - 1) * WT));
+        const int r = w + j * W;
+        if (j + SL - 1 < mine) load_run(sm.ring[w][(j + SL - 1) % SL], RUN_PTRS(r + (SL - 1) * W));
         cp_commit();
         cp_wait<SL - 1>();  // this run's rows have landed (this lane's copies)
         __syncwarp();       // and every lane's
         const Run& rn = sm.ring[w][j % SL];
-#if CV == 1
+#if CV
         // the run's Bm and Cm rows widened once for the warp, not once per lane in each pass (every
         // lane of a warp reads the same rows: 32 / G lanes converted the same halves before)
-        widen(&rn.bm[0][0], &sm.bf[w][0][0][0], lane);
-        widen(&rn.cm[0][0], &sm.cf[w][0][0][0], lane);
+        widen(&rn.bm[0][0], &sm.bf[w][0][0], lane);
+        widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);
         __syncwarp();
-#endif
-#if CV
-        const int cb = CV == 2 ? (j & 1) : 0;  // CV 2: this run's rows were widened during the run before
-#define LD_BM(i, v) ld_f(&sm.bf[w][cb][i][n0], v)
-#define LD_CM(i, v) ld_f(&sm.cf[w][cb][i][n0], v)
+#define LD_BM(i, v) ld_f(&sm.bf[w][i][n0], v)
+#define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
 #else
 #define LD_BM(i, v) ld_s(&rn.bm[i][n0], v)
 #define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)
@@ -572,15 +499,6 @@ extern "C" __global__ void CLUSTER __launch_bounds__(32 * W, MINB) mamba_scan(
         float hin[S], p[S];
 #pragma unroll
         for (int s = 0; s < S; s++) p[s] = ex2(sdt * a2[s]);  // the run's decay product, before the wait
-#if CV == 2
-        if (j + 1 < mine) {  // the next run's Bm and Cm rows widened now, off the path from its rows to its first pass
-            cp_wait<SL - 2>();  // its copies (issued a run ago) have landed
-            __syncwarp();
-            const Run& rx = sm.ring[w][(j + 1) % SL];
-            widen(&rx.bm[0][0], &sm.bf[w][cb ^ 1][0][0], lane);
-            widen(&rx.cm[0][0], &sm.cf[w][cb ^ 1][0][0], lane);  // read after the next run's first warp barrier
-        }
-#endif
         const bool chain = r % HS == 0;  // W % HS == 0: a warp is in the chain for all its runs or none
         if (HS > 1 && !chain) {
             st_f(&sm.mp[w][c * NS + n0], p);
@@ -600,8 +518,8 @@ extern "C" __global__ void CLUSTER __launch_bounds__(32 * W, MINB) mamba_scan(
 #pragma unroll
             for (int s = 0; s < S; s++) hin[s] = 0.f;
         } else {
-            mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (gw == 0));  // warp 0's first wait is for run WT
-            ld_f(&sm.hx[w][(r / WT) & 1][c * NS + n0], hin);
+            mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));  // warp 0's first wait is for run W
+            ld_f(&sm.hx[w][(r / W) & 1][c * NS + n0], hin);
         }
         if (chain && !linked) {
             float ho[S];  // the state leaving run r, then each later run of the group
@@ -623,13 +541,9 @@ extern "C" __global__ void CLUSTER __launch_bounds__(32 * W, MINB) mamba_scan(
                 last = rq;
             }
             if (last + 1 < nrun) {
-#if CL > 1
-                hand_cluster(((last + 1) / WT) & 1 ? nx1 : nx0, nmb, ho, lane);  // HS 1: the next run's warp
-#else
                 const int wn = (w + HS) % W;  // the next chain run, r + HS
                 st_f(&sm.hx[wn][((last + 1) / W) & 1][c * NS + n0], ho);
                 hand_on(&sm.mb[wn], lane);  // release: the states above are visible to warp wn's acquire
-#endif
             } else if (c < nc) {
 #pragma unroll
                 for (int s = 0; s < S; s++) state[(b * D + d0 + c) * NS + n0 + s] = ho[s];  // the last run's
@@ -707,7 +621,4 @@ extern "C" __global__ void CLUSTER __launch_bounds__(32 * W, MINB) mamba_scan(
 #undef LD_CM
     }
     cp_wait<0>();
-#if CL > 1
-    cl_sync();  // no block leaves while another of its cluster may still hand over into its shared memory
-#endif
 }
