@@ -63,7 +63,8 @@
 // SMs, the hand-over between blocks through distributed shared memory (mapa, st.shared::cluster, a
 // release-cluster arrive on the other block's mbarrier), to even out d_inner 1536's 192 blocks on 132 SMs:
 // with the same warps a group (2 blocks of 4) 79.8 us there against 50.1 and 1.6-2.0x slower elsewhere;
-// runs of 8 steps, twice the links that cross SMs, 2.4-3.4x; a link that crosses SMs cost about 1-1.5 us.
+// runs of 8 steps, twice the links that cross SMs, 2.4-3.4x; a link that crosses SMs cost about 1-1.5 us,
+// and a polling wait (test_wait) instead of try_wait made it slower still (the same file, second call).
 // And the next run's Bm and Cm rows widened while the current run waits for its state (off the path from
 // the rows' landing to the first pass): 5-13% slower than without widening, CV 1 itself 2-8% slower at G 4.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
