@@ -676,7 +676,10 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // theirs; with CV 1 both passes read the run's Bm and Cm rows the warp widened once; with HO 1
     // a link is one PTX sequence (wait, read, FMA, store, arrive); HO 2 polls with test_wait; with
     // YS 1 a group of G steps' partial y is summed and transposed by shuffles (G 2 leaves the
-    // second block 8 of its 16 channels); with A1 1 lane 0 alone arrives for its warp.
+    // second block 8 of its 16 channels); with A1 1 lane 0 alone arrives for its warp. The
+    // defaults read f32 rows (CV 1) with the channels adjacent in the warp (LM 1: the partial y is
+    // stored channel-major all the same, and a hand-over slot is indexed by lane) and padded y rows
+    // (YP 1); LM 0 / YP 0 and CF 0 (Cm read as halves) are the other values.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -701,6 +704,11 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["YS=1", "G=8", "K=8", "CV=1"],
         &["A1=1"],
         &["A1=1", "HS=4", "G=2", "K=8"],
+        &["CV=0", "LM=0", "YP=0"],
+        &["CV=0", "LM=1"],
+        &["CF=0"],
+        &["CF=0", "G=2", "K=8", "LM=0"],
+        &["LM=1", "YS=1", "HS=4"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -716,13 +724,17 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let retry = r#""@!w bra WAIT;\n""#;
     let keep = "const float keep = hi ? v[j + m] : v[j];";
     let elect = "if (lane == 0) mb_arrive(m);";
+    let ys_store = "sm.ys[w][i][c * G + g] = yi;";
+    let slot_read = "ld_f(&sm.hx[w][(r / W) & 1][hs], hin);";
     assert!(
         src.contains(wait)
             && src.contains(map_wait)
             && src.contains(widen_cm)
             && src.contains(retry)
             && src.contains(keep)
-            && src.contains(elect),
+            && src.contains(elect)
+            && src.contains(ys_store)
+            && src.contains(slot_read),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -762,7 +774,23 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // YS 1 with a lane keeping the steps it should send: each sum mixes two steps' partials.
     let swap = dir.path().join("swap.cu");
     std::fs::write(&swap, src.replace(keep, "const float keep = hi ? v[j] : v[j + m];")).unwrap();
-    for (defs, file) in [(&["CV=1"][..], &cm), (&["YS=1"], &swap)] {
+    // LM 1 with the partial y stored by lane (the sums read it channel-major): y mixes channels.
+    let by_lane = dir.path().join("by_lane.cu");
+    std::fs::write(&by_lane, src.replace(ys_store, "sm.ys[w][i][lane] = yi;")).unwrap();
+    // LM 1 with the entering state read from the slot of (channel, state group) while the warp
+    // before stored it by lane: another lane's state enters the run.
+    let slot = dir.path().join("slot.cu");
+    std::fs::write(
+        &slot,
+        src.replace(slot_read, "ld_f(&sm.hx[w][(r / W) & 1][c * NS + n0], hin);"),
+    )
+    .unwrap();
+    for (defs, file) in [
+        (&["CV=1"][..], &cm),
+        (&["YS=1"], &swap),
+        (&["LM=1"], &by_lane),
+        (&["LM=1"], &slot),
+    ] {
         let (code, stdout, _) = run(defs, Some(file));
         assert_eq!(code, 1, "{file:?}: {stdout}");
         assert!(

@@ -113,7 +113,7 @@
 #define HS 1
 #endif
 #ifndef CV
-#define CV 0
+#define CV 1
 #endif
 #ifndef HO
 #define HO 0
@@ -124,12 +124,22 @@
 #ifndef A1
 #define A1 0
 #endif
+#ifndef LM
+#define LM 1
+#endif
+#ifndef YP
+#define YP 1
+#endif
+#ifndef CF
+#define CF 1
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
 #define PB (RB < 16 ? RB : 16) // bytes per cp.async piece of those rows
 #define RP (RB / PB)           // pieces per row
 #define HP (PB / 2)            // halves per piece
+#define YR (32 + YP * G)  // floats per step of a warp's partial y (YP: padded so the sums read without bank conflicts)
 #define MINB (16 / W)          // blocks per SM the register allocation must allow (128 registers)
 #define LOG2E 1.4426950408889634f
 #if NS != 8 && NS != 16
@@ -170,6 +180,15 @@
 #endif
 #if A1 != 0 && A1 != 1
 #error "A1 must be 0 or 1"
+#endif
+#if LM != 0 && LM != 1
+#error "LM must be 0 or 1"
+#endif
+#if YP != 0 && YP != 1
+#error "YP must be 0 or 1"
+#endif
+#if CF != 0 && CF != 1
+#error "CF must be 0 or 1"
 #endif
 #if A1 && HO
 #error "A1 needs HO 0 (HO's link arrives from every lane)"
@@ -261,19 +280,21 @@ struct __align__(16) Run {      // one run's raw rows
 };
 struct __align__(16) Smem {
     Run ring[W][SL];                // each warp's runs, SL ahead
-    float ys[W][K][32];             // each warp's partial y (lane = channel * G + state group)
-    float hx[W][2][CH * NS];        // the state entering a warp's run, by the run's parity
+    float ys[W][K][YR];             // each warp's partial y (channel c's state group g at c G + g)
+    float hx[W][2][CH * NS];        // the state entering a warp's run, by the run's parity (lane l's S at l S)
     float mp[W][CH * NS];           // HS > 1: the map h -> P h + H of a warp's run, for the chain's warp
     float mh[W][CH * NS];
     unsigned long long mb[W];       // a hand-over to warp w completes a phase of mb[w] (ARRIVALS arrivals)
     unsigned long long mm[W];       // HS > 1: warp w's map published completes a phase of mm[w]
 #if CV
-    float bf[W][K][NS];             // CV: the warp's current run's Bm and Cm rows, widened once
+    float bf[W][K][NS];             // CV: the warp's current run's Bm and (CF) Cm rows, widened once
+#if CF
     float cf[W][K][NS];
+#endif
 #endif
 };
 // What the launch's shared-memory expression in task.toml counts.
-static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 128 * K + 16 * CH * NS + 16 + CV * 8 * K * NS),
+static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 4 * K * YR + 16 * CH * NS + 16 + CV * 4 * K * NS * (1 + CF)),
               "Smem size");
 
 // S consecutive halves from shared memory, widened.
@@ -344,7 +365,7 @@ __device__ __forceinline__ float xpose_sum(float (&v)[G], int g) {
         for (int j = 0; j < m; j++) {
             const float keep = hi ? v[j + m] : v[j];
             const float send = hi ? v[j] : v[j + m];
-            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, LM ? m * CH : m);
         }
     }
     return v[0];
@@ -403,7 +424,10 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
     const long long L = L_, D = D_;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const int c = lane / G, n0 = (lane % G) * S;  // the lane's channel in the block, its first state
+    // the lane's channel in the block, its state group and first state (LM 1: lanes 2i and 2i + 1 read the
+    // same Bm / Cm words; the G lanes of a channel CH apart)
+    const int c = LM ? lane % CH : lane / G, g = LM ? lane / CH : lane % G, n0 = g * S;
+    const int hs = lane * S;  // the lane's states in a hand-over slot or a published map (c NS + n0 with LM 0)
     const long long b = blockIdx.y;
     const long long d0 = (long long)blockIdx.x * CH;
     const int nc = (int)min((long long)CH, D - d0);
@@ -452,10 +476,14 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         // the run's Bm and Cm rows widened once for the warp, not once per lane in each pass (every
         // lane of a warp reads the same rows: 32 / G lanes converted the same halves before)
         widen(&rn.bm[0][0], &sm.bf[w][0][0], lane);
+#if CF
         widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);
+#define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
+#else
+#define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)  // read once, in the second pass: halves, half the bytes
+#endif
         __syncwarp();
 #define LD_BM(i, v) ld_f(&sm.bf[w][i][n0], v)
-#define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
 #else
 #define LD_BM(i, v) ld_s(&rn.bm[i][n0], v)
 #define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)
@@ -502,15 +530,15 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         for (int s = 0; s < S; s++) p[s] = ex2(sdt * a2[s]);  // the run's decay product, before the wait
         const bool chain = r % HS == 0;  // W % HS == 0: a warp is in the chain for all its runs or none
         if (HS > 1 && !chain) {
-            st_f(&sm.mp[w][c * NS + n0], p);
-            st_f(&sm.mh[w][c * NS + n0], h);
+            st_f(&sm.mp[w][hs], p);
+            st_f(&sm.mh[w][hs], h);
             hand_on(&sm.mm[w], lane);  // read by the chain's warp before it hands this run its state
         }
         bool linked = false;  // HO: this run's link done as one sequence
 #if HO
         if (r != 0 && r + 1 < nrun) {  // a link in the middle of the chain
-            link4(smem_addr(&sm.mb[w]), (unsigned)(j & 1) ^ (w == 0), smem_addr(&sm.hx[w][(r / W) & 1][c * NS + n0]),
-                  smem_addr(&sm.hx[(w + 1) % W][((r + 1) / W) & 1][c * NS + n0]), smem_addr(&sm.mb[(w + 1) % W]), p, h,
+            link4(smem_addr(&sm.mb[w]), (unsigned)(j & 1) ^ (w == 0), smem_addr(&sm.hx[w][(r / W) & 1][hs]),
+                  smem_addr(&sm.hx[(w + 1) % W][((r + 1) / W) & 1][hs]), smem_addr(&sm.mb[(w + 1) % W]), p, h,
                   hin);
             linked = true;
         } else
@@ -520,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             for (int s = 0; s < S; s++) hin[s] = 0.f;
         } else {
             mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));  // warp 0's first wait is for run W
-            ld_f(&sm.hx[w][(r / W) & 1][c * NS + n0], hin);
+            ld_f(&sm.hx[w][(r / W) & 1][hs], hin);
         }
         if (chain && !linked) {
             float ho[S];  // the state leaving run r, then each later run of the group
@@ -533,9 +561,9 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 if (rq >= nrun) break;
                 mb_wait(&sm.mm[wq], (unsigned)(rq / W) & 1);
                 float pq[S], hq[S];
-                ld_f(&sm.mp[wq][c * NS + n0], pq);  // before the hand-over: warp wq reuses its map slot after it
-                ld_f(&sm.mh[wq][c * NS + n0], hq);
-                st_f(&sm.hx[wq][(rq / W) & 1][c * NS + n0], ho);
+                ld_f(&sm.mp[wq][hs], pq);  // before the hand-over: warp wq reuses its map slot after it
+                ld_f(&sm.mh[wq][hs], hq);
+                st_f(&sm.hx[wq][(rq / W) & 1][hs], ho);
                 hand_on(&sm.mb[wq], lane);
 #pragma unroll
                 for (int s = 0; s < S; s++) ho[s] = fmaf(pq[s], ho[s], hq[s]);
@@ -543,7 +571,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             }
             if (last + 1 < nrun) {
                 const int wn = (w + HS) % W;  // the next chain run, r + HS
-                st_f(&sm.hx[wn][((last + 1) / W) & 1][c * NS + n0], ho);
+                st_f(&sm.hx[wn][((last + 1) / W) & 1][hs], ho);
                 hand_on(&sm.mb[wn], lane);  // release: the states above are visible to warp wn's acquire
             } else if (c < nc) {
 #pragma unroll
@@ -556,7 +584,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         unsigned short* yr = yg + r * KD;
 #if YS
         float yv[G];  // the partials of the current group of G steps
-        unsigned short* yl = yr + (long long)(lane % G) * D + c;  // this lane's step of a group, its channel
+        unsigned short* yl = yr + (long long)g * D + c;  // this lane's step of a group, its channel
 #endif
 #pragma unroll
         for (int i = 0; i < K; i++) {
@@ -581,11 +609,11 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #if YS
             yv[i % G] = yi;
             if (i % G == G - 1) {  // the group's sums: lane g of a channel stores step i - G + 1 + g
-                const float tot = xpose_sum(yv, lane % G);
-                if (c < nc && i - (G - 1) + lane % G < nt) yl[(long long)(i - (G - 1)) * D] = f2h(tot);
+                const float tot = xpose_sum(yv, g);
+                if (c < nc && i - (G - 1) + g < nt) yl[(long long)(i - (G - 1)) * D] = f2h(tot);
             }
 #else
-            sm.ys[w][i][lane] = yi;
+            sm.ys[w][i][c * G + g] = yi;  // channel-major whatever the lane order: the sums read 4 G bytes a channel
 #endif
         }
 #if !YS
@@ -600,9 +628,9 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 if (((K * CH / 2) % 32 != 0 && i >= K * CH / 2) || t >= nt) continue;
                 float y0 = 0.f, y1 = 0.f;
 #pragma unroll
-                for (int g = 0; g < G; g++) {
-                    y0 += sm.ys[w][t][c2 * G + g];
-                    y1 += sm.ys[w][t][(c2 + 1) * G + g];
+                for (int gg = 0; gg < G; gg++) {
+                    y0 += sm.ys[w][t][c2 * G + gg];
+                    y1 += sm.ys[w][t][(c2 + 1) * G + gg];
                 }
                 *(unsigned*)(yr + yoff + q * ystr) = (unsigned)f2h(y0) | ((unsigned)f2h(y1) << 16);
             }
@@ -612,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 if (cc >= nc) continue;
                 float yv = 0.f;
 #pragma unroll
-                for (int g = 0; g < G; g++) yv += sm.ys[w][t][cc * G + g];
+                for (int gg = 0; gg < G; gg++) yv += sm.ys[w][t][cc * G + gg];
                 yr[(long long)t * D + cc] = f2h(yv);
             }
         }
