@@ -40,7 +40,7 @@
 // converts the halves it reads in both passes, and the 32 / G lanes of a warp that read the same
 // state group convert the same halves: in NVRTC 13's machine code (bench/sass_census.py, --blocks)
 // the loop's blocks go from 440 + 33 + 375 + 63 to 36 + 372 + 33 + 249 + 63 instructions a run at the
-// defaults, 17% fewer, with no spills; 18% fewer at G 2 / K 8. Timed (H100, 2026-12-05,
+// defaults, 17% fewer, with no spills; 18% fewer at G 2 / K 8. Timed with LM 0 (H100, 2026-12-05,
 // bench/h100-2026-12-05-scan-cv-ho-mlx.txt): 4-8% slower at G 4 (the widening and its warp barrier sit
 // on every run's serial path), 4-7% faster at G 2 / K 8, whose batch-4 time it takes from 89.2 to 82.7 us
 // (1.68x mamba_ssm). Widening delta and u the same way, as (delta, delta u, u) per step and channel,
@@ -67,6 +67,20 @@
 // and a polling wait (test_wait) instead of try_wait made it slower still (the same file, second call).
 // And the next run's Bm and Cm rows widened while the current run waits for its state (off the path from
 // the rows' landing to the first pass): 5-13% slower than without widening, CV 1 itself 2-8% slower at G 4.
+// LM (lane order: 0, a channel's G lanes adjacent, lane = c G + g; 1, the channels adjacent, lane = g CH + c,
+// so lanes 2i and 2i + 1 read the same Bm / Cm words, which shared memory returns to a pair of lanes packed),
+// YP (1: a step's row of partial y padded by G floats, so the 16-byte loads that sum a channel's partials hit
+// distinct banks), CF (with CV 1: 0 reads Cm as halves, once, in the second pass). Whatever LM, the partial y
+// is stored channel-major (c G + g) and a hand-over slot holds lane l's states at l S, so neither the sums
+// nor the link meet bank conflicts under LM 1. Nsight Compute at 1,4096,2048 (H100, 2026-12-06,
+// bench/h100-2026-12-06-scan-lane-order.txt) showed why CV 1 lost at G 4: 15% fewer instructions than CV 0
+// (59.5 M against 70.1 M), but the f32 rows double the bytes the loop reads from shared memory, short-scoreboard
+// stalls went from 19.5 k to 69.3 k and issue slots busy from 73.6% to 59.6%. With LM 1 and YP 1 the stalls
+// fall to 29.4 k, 67.0% busy, and CV 1 wins: the CUDA back-end's defaults are CV 1, LM 1, YP 1 since, timed
+// the same day at 89.6 us at 1,4096,2048 (1.74x mamba_ssm), 18.4 at L 512, 48.6 at d_inner 1536 (1.28x),
+// 43.5 at 3072, 95.7 at batch 4, against 93.6 / 18.2 / 50.2 / 42.2 / 97.2 for CV 0, LM 0, YP 0 in the same
+// call (every element of every run checked, compute-sanitizer 0 errors). With CV 0 (halves, 8-byte loads)
+// LM 1 is 2-3% slower. The MLX unit keeps CV 0, LM 0, YP 0 until it is timed inside MLX.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
