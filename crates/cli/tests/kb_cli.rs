@@ -679,7 +679,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // second block 8 of its 16 channels); with A1 1 lane 0 alone arrives for its warp. The
     // defaults read f32 rows (CV 1) with the channels adjacent in the warp (LM 1: the partial y is
     // stored channel-major all the same, and a hand-over slot is indexed by lane) and padded y rows
-    // (YP 1); LM 0 / YP 0 and CF 0 (Cm read as halves) are the other values.
+    // (YP 1), its partial y summed by shuffles (YS 1); LM 0 / YP 0, CF 0 (Cm read as halves) and
+    // YS 0 (the partials through shared memory) are the other values.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -709,6 +710,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["CF=0"],
         &["CF=0", "G=2", "K=8", "LM=0"],
         &["LM=1", "YS=1", "HS=4"],
+        &["YS=0"],
+        &["YS=0", "CF=0", "HO=1"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -788,7 +791,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     for (defs, file) in [
         (&["CV=1"][..], &cm),
         (&["YS=1"], &swap),
-        (&["LM=1"], &by_lane),
+        (&["LM=1", "YS=0"], &by_lane),
         (&["LM=1"], &slot),
     ] {
         let (code, stdout, _) = run(defs, Some(file));

@@ -76,11 +76,16 @@
 // bench/h100-2026-12-06-scan-lane-order.txt) showed why CV 1 lost at G 4: 15% fewer instructions than CV 0
 // (59.5 M against 70.1 M), but the f32 rows double the bytes the loop reads from shared memory, short-scoreboard
 // stalls went from 19.5 k to 69.3 k and issue slots busy from 73.6% to 59.6%. With LM 1 and YP 1 the stalls
-// fall to 29.4 k, 67.0% busy, and CV 1 wins: the CUDA back-end's defaults are CV 1, LM 1, YP 1 since, timed
-// the same day at 89.6 us at 1,4096,2048 (1.74x mamba_ssm), 18.4 at L 512, 48.6 at d_inner 1536 (1.28x),
-// 43.5 at 3072, 95.7 at batch 4, against 93.6 / 18.2 / 50.2 / 42.2 / 97.2 for CV 0, LM 0, YP 0 in the same
-// call (every element of every run checked, compute-sanitizer 0 errors). With CV 0 (halves, 8-byte loads)
-// LM 1 is 2-3% slower. The MLX unit keeps CV 0, LM 0, YP 0 until it is timed inside MLX.
+// fall to 29.4 k, 67.0% busy, and CV 1 wins: 89.6 us at 1,4096,2048 (1.74x mamba_ssm) and 48.6 at d_inner
+// 1536 (1.28x) against 93.6 / 50.2 for CV 0, LM 0, YP 0 in the same call. With that traffic gone, YS 1 (the
+// partial y summed by shuffles, not through shared memory) gains too, where it was neutral before: the CUDA
+// back-end's defaults are CV 1, LM 1, YP 1, YS 1 since (CF 1, HO 0), timed in two calls (H100, 2026-12-06,
+// the same file): 87.5 / 87.8 us at 1,4096,2048 (1.78x / 1.77x), 17.6 / 17.7 at L 512 (1.43x / 1.42x),
+// 47.1 / 47.3 at d_inner 1536 (1.31x / 1.31x), 40.4 / 40.4 at 3072 (1.44x / 1.43x), 92.1 / 92.7 at batch 4
+// (1.50x / 1.49x; G 2, K 8 there: 82.2, 1.68x), against 93.3 / 94.0 us at L 4096 and 50.1 / 50.2 at d_inner
+// 1536 for the old defaults in the same calls (every element of every run checked, compute-sanitizer 0
+// errors). With CV 0 (halves, 8-byte loads) LM 1 is 2-3% slower; CF 0 and HO 1 are within 1-2% either way,
+// SL 2 and K 8 with XR 0 slower. The MLX unit keeps CV 0, LM 0, YP 0, YS 0 until it is timed inside MLX.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -133,7 +138,7 @@
 #define HO 0
 #endif
 #ifndef YS
-#define YS 0
+#define YS 1
 #endif
 #ifndef A1
 #define A1 0
