@@ -680,7 +680,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // defaults read f32 rows (CV 1) with the channels adjacent in the warp (LM 1: the partial y is
     // stored channel-major all the same, and a hand-over slot is indexed by lane) and padded y rows
     // (YP 1), its partial y summed by shuffles (YS 1); LM 0 / YP 0, CF 0 (Cm read as halves) and
-    // YS 0 (the partials through shared memory) are the other values.
+    // YS 0 (the partials through shared memory) are the other values. DW 1 widens a run's delta and
+    // u once per warp and adds Dv u where the partials are summed (G 2 leaves a partial block).
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -712,6 +713,9 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["LM=1", "YS=1", "HS=4"],
         &["YS=0"],
         &["YS=0", "CF=0", "HO=1"],
+        &["DW=1"],
+        &["DW=1", "YS=0"],
+        &["DW=1", "CV=0", "G=2", "K=8", "LM=0", "YP=0", "YS=0"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -729,6 +733,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let elect = "if (lane == 0) mb_arrive(m);";
     let ys_store = "sm.ys[w][i][c * G + g] = yi;";
     let slot_read = "ld_f(&sm.hx[w][(r / W) & 1][hs], hin);";
+    let dv_sum = "float y0 = dv0 * h2f((unsigned short)uw), y1 = dv1 * h2f((unsigned short)(uw >> 16));";
     assert!(
         src.contains(wait)
             && src.contains(map_wait)
@@ -737,7 +742,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
             && src.contains(keep)
             && src.contains(elect)
             && src.contains(ys_store)
-            && src.contains(slot_read),
+            && src.contains(slot_read)
+            && src.contains(dv_sum),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -788,8 +794,12 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         src.replace(slot_read, "ld_f(&sm.hx[w][(r / W) & 1][c * NS + n0], hin);"),
     )
     .unwrap();
+    // DW 1 with Dv u left out of the two channels' sums: y misses its skip term.
+    let no_dv = dir.path().join("no_dv.cu");
+    std::fs::write(&no_dv, src.replace(dv_sum, "float y0 = 0.f, y1 = 0.f;")).unwrap();
     for (defs, file) in [
         (&["CV=1"][..], &cm),
+        (&["DW=1", "YS=0"], &no_dv),
         (&["YS=1"], &swap),
         (&["LM=1", "YS=0"], &by_lane),
         (&["LM=1"], &slot),

@@ -86,6 +86,12 @@
 // 1536 for the old defaults in the same calls (every element of every run checked, compute-sanitizer 0
 // errors). With CV 0 (halves, 8-byte loads) LM 1 is 2-3% slower; CF 0 and HO 1 are within 1-2% either way,
 // SL 2 and K 8 with XR 0 slower. The MLX unit keeps CV 0, LM 0, YP 0, YS 0 until it is timed inside MLX.
+// DW (1: a run's delta and u rows widened once per warp to (delta, delta u) f32 pairs, read with one 8-byte
+// load a step, and Dv u added where the partials are summed, instead of every lane widening its channel's
+// delta and u and forming delta u and Dv u in the first pass). In NVRTC 13's machine code at the defaults the
+// first pass goes from 376 to 322 instructions a run and the run from about 730 to 705 (the widening and the
+// sums take back part; ptxas recomputes four exponentials), no spills. Checked by the PTX interpreter; not yet
+// timed on a GPU, so its default is 0.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -152,6 +158,9 @@
 #ifndef CF
 #define CF 1
 #endif
+#ifndef DW
+#define DW 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -208,6 +217,9 @@
 #endif
 #if CF != 0 && CF != 1
 #error "CF must be 0 or 1"
+#endif
+#if DW != 0 && DW != 1
+#error "DW must be 0 or 1"
 #endif
 #if A1 && HO
 #error "A1 needs HO 0 (HO's link arrives from every lane)"
@@ -311,9 +323,12 @@ struct __align__(16) Smem {
     float cf[W][K][NS];
 #endif
 #endif
+#if DW
+    float2 dw[W][K][CH];            // DW: the warp's current run's (delta, delta u), widened once
+#endif
 };
 // What the launch's shared-memory expression in task.toml counts.
-static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 4 * K * YR + 16 * CH * NS + 16 + CV * 4 * K * NS * (1 + CF)),
+static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 4 * K * YR + 16 * CH * NS + 16 + CV * 4 * K * NS * (1 + CF) + DW * 8 * K * CH),
               "Smem size");
 
 // S consecutive halves from shared memory, widened.
@@ -404,6 +419,23 @@ __device__ __forceinline__ void widen(const unsigned short* src, float* dst, int
 }
 #endif
 
+#if DW
+// DW: a run's delta and u rows (K CH halves each) as (delta, delta u) f32 pairs: four channels of a step a
+// lane at a time (8-byte loads, two 16-byte stores).
+static_assert(CH % 4 == 0, "DW widens four channels a lane");
+__device__ __forceinline__ void widen_du(const unsigned short* dl, const unsigned short* uu, float2* dst, int lane) {
+#pragma unroll
+    for (int i = 4 * lane; i < K * CH; i += 128) {
+        const uint2 a = *(const uint2*)(dl + i), b = *(const uint2*)(uu + i);
+        const float d0 = h2f((unsigned short)a.x), d1 = h2f((unsigned short)(a.x >> 16));
+        const float d2 = h2f((unsigned short)a.y), d3 = h2f((unsigned short)(a.y >> 16));
+        float4* o = (float4*)(dst + i);
+        o[0] = make_float4(d0, d0 * h2f((unsigned short)b.x), d1, d1 * h2f((unsigned short)(b.x >> 16)));
+        o[1] = make_float4(d2, d2 * h2f((unsigned short)b.y), d3, d3 * h2f((unsigned short)(b.y >> 16)));
+    }
+}
+#endif
+
 // A run's raw rows into the warp's ring (steps from nt on and channels past D are zeros). A lane
 // copies at most one piece of the delta and u rows (K RP <= 32) and one 16-byte piece of the Bm and
 // Cm rows (K NS / 8 <= 32), at offsets fixed for the whole call (off: t D + HP p of its delta
@@ -461,6 +493,13 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #pragma unroll
     for (int s = 0; s < S; s++) a2[s] = c < nc ? A[(d0 + c) * NS + n0 + s] * LOG2E : 0.f;
     const float dvl = n0 == 0 && c < nc ? Dv[d0 + c] : 0.f;  // Dv u enters y once per channel
+#if DW
+    // DW: Dv u is added where the partials are summed: with YS by the lane that stores the step (its
+    // channel's Dv), without it by the lane that sums two channels' partials (theirs)
+    const float dvc = c < nc ? Dv[d0 + c] : 0.f;
+    const int cs2 = 2 * (lane % (CH / 2));
+    const float dv0 = cs2 < nc ? Dv[d0 + cs2] : 0.f, dv1 = cs2 + 1 < nc ? Dv[d0 + cs2 + 1] : 0.f;
+#endif
     if (tid < W) {
         mb_init(&sm.mb[tid], ARRIVALS);
         mb_init(&sm.mm[tid], ARRIVALS);
@@ -501,11 +540,18 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #else
 #define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)  // read once, in the second pass: halves, half the bytes
 #endif
+#if DW
+        widen_du(&rn.dl[0][0], &rn.uu[0][0], &sm.dw[w][0][0], lane);
+#endif
         __syncwarp();
 #define LD_BM(i, v) ld_f(&sm.bf[w][i][n0], v)
 #else
 #define LD_BM(i, v) ld_s(&rn.bm[i][n0], v)
 #define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)
+#if DW
+        widen_du(&rn.dl[0][0], &rn.uu[0][0], &sm.dw[w][0][0], lane);
+        __syncwarp();
+#endif
 #endif
 
         // 2. the run from zero, keeping each step's decay and input (XR: delta u only), and Dv u
@@ -516,12 +562,18 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #endif
 #pragma unroll
         for (int i = 0; i < K; i++) {
+#if DW
+            const float2 dq = sm.dw[w][i][c];
+            const float dt = dq.x, du = dq.y;
+            sk[i] = 0.f;  // Dv u added with the sums
+#else
             const float dt = h2f(rn.dl[i][c]), uv = h2f(rn.uu[i][c]);
             const float du = dt * uv;
+            sk[i] = dvl * uv;
+#endif
             float bv[S];
             LD_BM(i, bv);
             sdt += dt;
-            sk[i] = dvl * uv;
 #if XR
             dus[i] = du;
 #pragma unroll
@@ -628,7 +680,10 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #if YS
             yv[i % G] = yi;
             if (i % G == G - 1) {  // the group's sums: lane g of a channel stores step i - G + 1 + g
-                const float tot = xpose_sum(yv, g);
+                float tot = xpose_sum(yv, g);
+#if DW
+                tot = fmaf(dvc, h2f(rn.uu[i - (G - 1) + g][c]), tot);  // zeros past the run's steps
+#endif
                 if (c < nc && i - (G - 1) + g < nt) yl[(long long)(i - (G - 1)) * D] = f2h(tot);
             }
 #else
@@ -645,7 +700,12 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 const int i = lane + 32 * q;
                 const int t = i / (CH / 2);
                 if (((K * CH / 2) % 32 != 0 && i >= K * CH / 2) || t >= nt) continue;
+#if DW
+                const unsigned uw = *(const unsigned*)&rn.uu[t][c2];  // the two channels' u
+                float y0 = dv0 * h2f((unsigned short)uw), y1 = dv1 * h2f((unsigned short)(uw >> 16));
+#else
                 float y0 = 0.f, y1 = 0.f;
+#endif
 #pragma unroll
                 for (int gg = 0; gg < G; gg++) {
                     y0 += sm.ys[w][t][c2 * G + gg];
@@ -657,7 +717,11 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             for (int i = lane; i < nt * CH; i += 32) {
                 const int t = i / CH, cc = i % CH;
                 if (cc >= nc) continue;
+#if DW
+                float yv = Dv[d0 + cc] * h2f(rn.uu[t][cc]);
+#else
                 float yv = 0.f;
+#endif
 #pragma unroll
                 for (int gg = 0; gg < G; gg++) yv += sm.ys[w][t][cc * G + gg];
                 yr[(long long)t * D + cc] = f2h(yv);
