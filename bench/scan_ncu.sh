@@ -7,6 +7,10 @@
 # PROFILE is a ';'-separated list of kernel:FIX, FIX as bench/cuda_dev.py's KS_FIX (one
 # configuration each, the one nearest the defaults that FIX admits), e.g.
 #   PROFILE="mma_scan:PK=1;pipe_scan:SPT=1,CHUNK=128,PACK=1,SWZ=0"
+# SOURCE=1 adds the SourceCounters section and writes, per item, the report (ncu_<item>.ncu-rep) and its
+# source page as CSV (ncu_<item>_sass.csv: executed instructions, stall samples and shared-memory
+# wavefronts per SASS instruction), to see where in the code the issue slots and the stalls go
+# (bench/ncu_source.py cuts it into regions and sums them).
 # Here:   SCAN_PREPARE=1 PROFILE=... bash bench/scan_ncu.sh   (NVRTC into .scan-cubins, no GPU)
 # There:  PROFILE=... bash bench/scan_ncu.sh                  (carry .scan-cubins)
 set -uo pipefail
@@ -37,8 +41,14 @@ for item in "${ITEMS[@]}"; do
     args=()
     for s in $SECTIONS; do args+=(--section "$s"); done
     [ -n "$STALL_METRICS" ] && args+=(--metrics "$STALL_METRICS")
+    [ "${SOURCE:-0}" = 1 ] && args+=(--section SourceCounters --import-source no -f -o "$OUTDIR/ncu_$tag")
     KS_KERNELS=$kern KS_FIX=$fix ncu -k regex:mamba_scan -c "${COUNT:-5}" "${args[@]}" \
         python3 bench/cuda_dev.py run mamba_scan > "$OUTDIR/ncu_$tag.txt" 2>&1
     echo "$item: exit $? ($OUTDIR/ncu_$tag.txt)"
+    if [ "${SOURCE:-0}" = 1 ]; then
+        ncu -i "$OUTDIR/ncu_$tag.ncu-rep" --page details >> "$OUTDIR/ncu_$tag.txt" 2>&1
+        ncu -i "$OUTDIR/ncu_$tag.ncu-rep" --page source --csv --print-source sass > "$OUTDIR/ncu_${tag}_sass.csv" 2>&1
+        echo "  source page: exit $? ($(wc -l < "$OUTDIR/ncu_${tag}_sass.csv") lines)"
+    fi
     grep -E "^==== checked|Duration|Issue Slots Busy|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|stalled|Shared|Executed Instructions" "$OUTDIR/ncu_$tag.txt" | head -60
 done

@@ -681,7 +681,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // stored channel-major all the same, and a hand-over slot is indexed by lane) and padded y rows
     // (YP 1), its partial y summed by shuffles (YS 1); LM 0 / YP 0, CF 0 (Cm read as halves) and
     // YS 0 (the partials through shared memory) are the other values. DW 1 widens a run's delta and
-    // u once per warp and adds Dv u where the partials are summed (G 2 leaves a partial block).
+    // u once per warp and adds Dv u where the partials are summed (G 2 leaves a partial block); YD 1
+    // keeps every step's partial y and sums and stores the groups after the second pass.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -716,6 +717,10 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["DW=1"],
         &["DW=1", "YS=0"],
         &["DW=1", "CV=0", "G=2", "K=8", "LM=0", "YP=0", "YS=0"],
+        &["YD=1", "DW=0"],
+        &["YD=1", "DW=1"],
+        &["YD=1", "DW=1", "G=2", "K=8", "LM=0"],
+        &["YD=1", "DW=1", "G=8", "K=8", "CV=0"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -727,7 +732,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let src = std::fs::read_to_string(tasks_dir().join("mamba_scan/cuda/tw_scan.cu")).unwrap();
     let wait = "mb_wait(&sm.mb[w], (unsigned)(j & 1) ^ (w == 0));";
     let map_wait = "mb_wait(&sm.mm[wq], (unsigned)(rq / W) & 1);";
-    let widen_cm = "widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);";
+    let widen_cm = "if (NC) qc[j] = *(const uint2*)(&rn.cm[0][0] + i);";
+    let yd_dv = "tot[q] = fmaf(dvc, h2f(rn.uu[q * G + g][c]), tot[q]);";
     let retry = r#""@!w bra WAIT;\n""#;
     let keep = "const float keep = hi ? v[j + m] : v[j];";
     let elect = "if (lane == 0) mb_arrive(m);";
@@ -743,7 +749,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
             && src.contains(elect)
             && src.contains(ys_store)
             && src.contains(slot_read)
-            && src.contains(dv_sum),
+            && src.contains(dv_sum)
+            && src.contains(yd_dv),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -779,7 +786,18 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     }
     // CV 1 with the Cm rows widened from the Bm rows: y is wrong, the final state is not.
     let cm = dir.path().join("cm.cu");
-    std::fs::write(&cm, src.replace(widen_cm, "widen(&rn.bm[0][0], &sm.cf[w][0][0], lane);")).unwrap();
+    std::fs::write(
+        &cm,
+        src.replace(widen_cm, "if (NC) qc[j] = *(const uint2*)(&rn.bm[0][0] + i);"),
+    )
+    .unwrap();
+    // YD 1 with each group's Dv u taken from the group's first step for every lane: y is wrong.
+    let yd_step = dir.path().join("yd_step.cu");
+    std::fs::write(
+        &yd_step,
+        src.replace(yd_dv, "tot[q] = fmaf(dvc, h2f(rn.uu[q * G][c]), tot[q]);"),
+    )
+    .unwrap();
     // YS 1 with a lane keeping the steps it should send: each sum mixes two steps' partials.
     let swap = dir.path().join("swap.cu");
     std::fs::write(&swap, src.replace(keep, "const float keep = hi ? v[j] : v[j + m];")).unwrap();
@@ -800,6 +818,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     for (defs, file) in [
         (&["CV=1"][..], &cm),
         (&["DW=1", "YS=0"], &no_dv),
+        (&["YD=1", "DW=1"], &yd_step),
         (&["YS=1"], &swap),
         (&["LM=1", "YS=0"], &by_lane),
         (&["LM=1"], &slot),

@@ -161,6 +161,9 @@
 #ifndef DW
 #define DW 0
 #endif
+#ifndef YD
+#define YD 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -220,6 +223,12 @@
 #endif
 #if DW != 0 && DW != 1
 #error "DW must be 0 or 1"
+#endif
+#if YD != 0 && YD != 1
+#error "YD must be 0 or 1"
+#endif
+#if YD && !YS
+#error "YD needs YS"
 #endif
 #if A1 && HO
 #error "A1 needs HO 0 (HO's link arrives from every lane)"
@@ -406,32 +415,54 @@ __device__ __forceinline__ float xpose_sum(float (&v)[G], int g) {
 }
 #endif
 
-#if CV
-// CV: a run's Bm (or Cm) rows, K NS halves, widened into f32 by the warp: four consecutive halves a
-// lane at a time (8-byte loads, 16-byte stores, both without bank conflicts).
-__device__ __forceinline__ void widen(const unsigned short* src, float* dst, int lane) {
-#pragma unroll
-    for (int i = 4 * lane; i < K * NS; i += 128) {
-        const uint2 q = *(const uint2*)(src + i);
-        *(float4*)(dst + i) = make_float4(h2f((unsigned short)q.x), h2f((unsigned short)(q.x >> 16)),
-                                          h2f((unsigned short)q.y), h2f((unsigned short)(q.y >> 16)));
-    }
-}
-#endif
-
+#if CV || DW
+// CV: a run's Bm and (CF) Cm rows, K NS halves each, widened into f32 by the warp; DW: its delta and u rows
+// (K CH halves each) into (delta, delta u) f32 pairs. Four consecutive halves a lane at a time (8-byte
+// loads, 16-byte stores, both without bank conflicts), every load issued before the first conversion so
+// their latencies overlap (the stores could alias the loads, so the compiler would not hoist them).
 #if DW
-// DW: a run's delta and u rows (K CH halves each) as (delta, delta u) f32 pairs: four channels of a step a
-// lane at a time (8-byte loads, two 16-byte stores).
 static_assert(CH % 4 == 0, "DW widens four channels a lane");
-__device__ __forceinline__ void widen_du(const unsigned short* dl, const unsigned short* uu, float2* dst, int lane) {
+#endif
+__device__ __forceinline__ float4 h4f(uint2 q) {
+    return make_float4(h2f((unsigned short)q.x), h2f((unsigned short)(q.x >> 16)), h2f((unsigned short)q.y),
+                       h2f((unsigned short)(q.y >> 16)));
+}
+__device__ __forceinline__ void widen_run(const Run& rn, float* bf, float* cf, float2* dw, int lane) {
+    constexpr int NB = CV ? (K * NS + 127) / 128 : 0, NC = CV && CF ? NB : 0, ND = DW ? (K * CH + 127) / 128 : 0;
+    uint2 qb[NB + 1], qc[NC + 1], qd[ND + 1], qu[ND + 1];
 #pragma unroll
-    for (int i = 4 * lane; i < K * CH; i += 128) {
-        const uint2 a = *(const uint2*)(dl + i), b = *(const uint2*)(uu + i);
-        const float d0 = h2f((unsigned short)a.x), d1 = h2f((unsigned short)(a.x >> 16));
-        const float d2 = h2f((unsigned short)a.y), d3 = h2f((unsigned short)(a.y >> 16));
-        float4* o = (float4*)(dst + i);
-        o[0] = make_float4(d0, d0 * h2f((unsigned short)b.x), d1, d1 * h2f((unsigned short)(b.x >> 16)));
-        o[1] = make_float4(d2, d2 * h2f((unsigned short)b.y), d3, d3 * h2f((unsigned short)(b.y >> 16)));
+    for (int j = 0; j < NB; j++) {
+        const int i = 4 * lane + 128 * j;
+        if (K * NS % 128 == 0 || i < K * NS) {
+            qb[j] = *(const uint2*)(&rn.bm[0][0] + i);
+            if (NC) qc[j] = *(const uint2*)(&rn.cm[0][0] + i);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        const int i = 4 * lane + 128 * j;
+        if (K * CH % 128 == 0 || i < K * CH) {
+            qd[j] = *(const uint2*)(&rn.dl[0][0] + i);
+            qu[j] = *(const uint2*)(&rn.uu[0][0] + i);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        const int i = 4 * lane + 128 * j;
+        if (K * NS % 128 == 0 || i < K * NS) {
+            *(float4*)(bf + i) = h4f(qb[j]);
+            if (NC) *(float4*)(cf + i) = h4f(qc[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < ND; j++) {
+        const int i = 4 * lane + 128 * j;
+        if (K * CH % 128 == 0 || i < K * CH) {
+            const float4 d = h4f(qd[j]), v = h4f(qu[j]);
+            float4* o = (float4*)(dw + i);
+            o[0] = make_float4(d.x, d.x * v.x, d.y, d.y * v.y);
+            o[1] = make_float4(d.z, d.z * v.z, d.w, d.w * v.w);
+        }
     }
 }
 #endif
@@ -516,6 +547,9 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
     const long long KD = (long long)K * D;
     const long long yoff = (long long)(lane / (CH / 2)) * D + 2 * (lane % (CH / 2));  // the lane's first y word
     const long long ystr = (long long)(32 / (CH / 2)) * D;
+#if YS && YD
+    const long long ylo = (long long)g * D + c, GD = (long long)G * D;  // YD: the lane's y, and G rows
+#endif
 #define RUN_PTRS(r) dlg + (r) * KD, ug + (r) * KD, bg + (long long)(r) * K * NS, cg + (long long)(r) * K * NS, off, tp, \
                     pch, D, min(K, Ln - (r) * K), nc, al, lane
 #pragma unroll
@@ -530,28 +564,37 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         cp_wait<SL - 1>();  // this run's rows have landed (this lane's copies)
         __syncwarp();       // and every lane's
         const Run& rn = sm.ring[w][j % SL];
+#if CV || DW
+        // the run's Bm and Cm rows (CV) and its delta and u (DW) widened once for the warp, not once per lane
+        // in each pass (every lane of a warp reads the same rows: 32 / G lanes converted the same halves)
+#if CV && CF
+        float* const cfw = &sm.cf[w][0][0];
+#else
+        float* const cfw = nullptr;
+#endif
 #if CV
-        // the run's Bm and Cm rows widened once for the warp, not once per lane in each pass (every
-        // lane of a warp reads the same rows: 32 / G lanes converted the same halves before)
-        widen(&rn.bm[0][0], &sm.bf[w][0][0], lane);
+        float* const bfw = &sm.bf[w][0][0];
+#else
+        float* const bfw = nullptr;
+#endif
+#if DW
+        float2* const dww = &sm.dw[w][0][0];
+#else
+        float2* const dww = nullptr;
+#endif
+        widen_run(rn, bfw, cfw, dww, lane);
+        __syncwarp();
+#endif
+#if CV
+#define LD_BM(i, v) ld_f(&sm.bf[w][i][n0], v)
 #if CF
-        widen(&rn.cm[0][0], &sm.cf[w][0][0], lane);
 #define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
 #else
 #define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)  // read once, in the second pass: halves, half the bytes
 #endif
-#if DW
-        widen_du(&rn.dl[0][0], &rn.uu[0][0], &sm.dw[w][0][0], lane);
-#endif
-        __syncwarp();
-#define LD_BM(i, v) ld_f(&sm.bf[w][i][n0], v)
 #else
 #define LD_BM(i, v) ld_s(&rn.bm[i][n0], v)
 #define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)
-#if DW
-        widen_du(&rn.dl[0][0], &rn.uu[0][0], &sm.dw[w][0][0], lane);
-        __syncwarp();
-#endif
 #endif
 
         // 2. the run from zero, keeping each step's decay and input (XR: delta u only), and Dv u
@@ -653,7 +696,9 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         // 4. the run again from the entering state; Cm . h of the lane's states to y
         const int nt = min(K, Ln - r * K);
         unsigned short* yr = yg + r * KD;
-#if YS
+#if YS && YD
+        float ya[K];  // YD: each step's partial y, summed after the loop
+#elif YS
         float yv[G];  // the partials of the current group of G steps
         unsigned short* yl = yr + (long long)g * D + c;  // this lane's step of a group, its channel
 #endif
@@ -677,7 +722,9 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 yi = fmaf(cv[s], hin[s], yi);
             }
 #endif
-#if YS
+#if YS && YD
+            ya[i] = yi;
+#elif YS
             yv[i % G] = yi;
             if (i % G == G - 1) {  // the group's sums: lane g of a channel stores step i - G + 1 + g
                 float tot = xpose_sum(yv, g);
@@ -690,6 +737,30 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             sm.ys[w][i][c * G + g] = yi;  // channel-major whatever the lane order: the sums read 4 G bytes a channel
 #endif
         }
+#if YS && YD
+        {
+            // the sums of each group of G steps over the channel's G lanes: the groups are independent, so
+            // their shuffles overlap; then lane g of a channel stores step q G + g of each group q, through
+            // one pointer stepped by G rows (no 64-bit multiply a store)
+            float tot[K / G];
+#pragma unroll
+            for (int q = 0; q < K / G; q++) {
+                float v[G];
+#pragma unroll
+                for (int j = 0; j < G; j++) v[j] = ya[q * G + j];
+                tot[q] = xpose_sum(v, g);
+#if DW
+                tot[q] = fmaf(dvc, h2f(rn.uu[q * G + g][c]), tot[q]);  // zeros past the run's steps
+#endif
+            }
+            if (c < nc) {
+                unsigned short* yl = yr + ylo;
+#pragma unroll
+                for (int q = 0; q < K / G; q++, yl += GD)
+                    if (q * G + g < nt) *yl = f2h(tot[q]);
+            }
+        }
+#endif
 #if !YS
         __syncwarp();
         // the G partials of two channels a lane, stored as one word where the rows are aligned and whole
