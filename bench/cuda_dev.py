@@ -143,20 +143,35 @@ def ev(expr, env):
 def defaults(kern):
     return {t["name"]: t.get("default", t["values"][0]) for t in kern.get("tunables", [])}
 
-def configs(kern, wl):
+def configs(kern, wl, allowed=None):
+    """Admitted configurations; `allowed` (name -> values) narrows the product before the constraints are
+    evaluated (a kernel with many tunables has millions of combinations)."""
     tun = kern.get("tunables", [])
     names = [t["name"] for t in tun]
-    for vals in itertools.product(*[t["values"] for t in tun]):
+    allowed = allowed or {}
+    for vals in itertools.product(*[[v for v in t["values"] if t["name"] not in allowed or v in allowed[t["name"]]]
+                                    for t in tun]):
         cfg = dict(zip(names, vals))
         env = dict(wl); env.update(cfg)
         if all(ev(c, env) for c in kern.get("constraints", [])):
             yield cfg
 
-def near_default(kern, wl):
+def fix_union(kern, fixes):
+    """Per tunable, the values some KS_FIX alternative admits (every value where one leaves it free)."""
+    out = {}
+    for t in kern.get("tunables", []):
+        vals = set()
+        for fix in fixes:
+            vals |= fix.get(t["name"], set(t["values"]))
+        out[t["name"]] = vals
+    return out
+
+
+def near_default(kern, wl, allowed=None):
     """Admitted configurations ordered by how many tunables differ from the defaults (so a
     `specialisation` tunable such as HD follows the shape), with that distance."""
     d = defaults(kern)
-    out = [(sum(cfg[k] != d[k] for k in d), i, cfg) for i, cfg in enumerate(configs(kern, wl))]
+    out = [(sum(cfg[k] != d[k] for k in d), i, cfg) for i, cfg in enumerate(configs(kern, wl, allowed))]
     out.sort(key=lambda x: (x[0], x[1]))
     return [(dist, cfg) for dist, _, cfg in out]
 
@@ -358,7 +373,8 @@ def plan(tasks):
                             continue
                         if kern["name"] == "seed" and suite != "stress" and flops > seed_max:
                             continue
-                        near = [(d, c) for d, c in near_default(kern, wl) if any(all(c[k] in v for k, v in fix.items() if k in c) for fix in fixes)]
+                        near = [(d, c) for d, c in near_default(kern, wl, fix_union(kern, fixes))
+                                if any(all(c[k] in v for k, v in fix.items() if k in c) for fix in fixes)]
                         if not near:
                             continue
                         if suite == "stress":

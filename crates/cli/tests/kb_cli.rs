@@ -712,11 +712,13 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["CF=0"],
         &["CF=0", "G=2", "K=8", "LM=0"],
         &["LM=1", "YS=1", "HS=4"],
-        &["YS=0"],
-        &["YS=0", "CF=0", "HO=1"],
+        &["YS=0", "YD=0"],
+        &["YS=0", "YD=0", "CF=0", "HO=1"],
         &["DW=1"],
-        &["DW=1", "YS=0"],
-        &["DW=1", "CV=0", "G=2", "K=8", "LM=0", "YP=0", "YS=0"],
+        &["DW=1", "YS=0", "YD=0"],
+        &["DW=1", "CV=0", "G=2", "K=8", "LM=0", "YP=0", "YS=0", "YD=0"],
+        &["YD=0"],
+        &["YD=0", "DW=1"],
         &["YD=1", "DW=0"],
         &["YD=1", "DW=1"],
         &["YD=1", "DW=1", "G=2", "K=8", "LM=0"],
@@ -791,7 +793,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         src.replace(widen_cm, "if (NC) qc[j] = *(const uint2*)(&rn.bm[0][0] + i);"),
     )
     .unwrap();
-    // YD 1 with each group's Dv u taken from the group's first step for every lane: y is wrong.
+    // YD 1 (Dv u added with the sums) with each group's Dv u taken from the group's first step for
+    // every lane: y is wrong.
     let yd_step = dir.path().join("yd_step.cu");
     std::fs::write(
         &yd_step,
@@ -817,10 +820,10 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     std::fs::write(&no_dv, src.replace(dv_sum, "float y0 = 0.f, y1 = 0.f;")).unwrap();
     for (defs, file) in [
         (&["CV=1"][..], &cm),
-        (&["DW=1", "YS=0"], &no_dv),
-        (&["YD=1", "DW=1"], &yd_step),
+        (&["DW=1", "YS=0", "YD=0"], &no_dv),
+        (&["YD=1", "DW=0"], &yd_step),
         (&["YS=1"], &swap),
-        (&["LM=1", "YS=0"], &by_lane),
+        (&["LM=1", "YS=0", "YD=0"], &by_lane),
         (&["LM=1"], &slot),
     ] {
         let (code, stdout, _) = run(defs, Some(file));

@@ -162,7 +162,10 @@
 #define DW 0
 #endif
 #ifndef YD
-#define YD 0
+#define YD 1
+#endif
+#ifndef MB
+#define MB 0
 #endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
@@ -171,7 +174,7 @@
 #define RP (RB / PB)           // pieces per row
 #define HP (PB / 2)            // halves per piece
 #define YR (32 + YP * G)  // floats per step of a warp's partial y (YP: padded so the sums read without bank conflicts)
-#define MINB (16 / W)          // blocks per SM the register allocation must allow (128 registers)
+#define MINB (MB ? MB : 16 / W)  // blocks per SM the register allocation must allow (16 / W: 128 registers)
 #define LOG2E 1.4426950408889634f
 #if NS != 8 && NS != 16
 #error "NS must be 8 or 16"
@@ -226,6 +229,9 @@
 #endif
 #if YD != 0 && YD != 1
 #error "YD must be 0 or 1"
+#endif
+#if MB != 0 && MB != 2 && MB != 3 && MB != 4
+#error "MB must be 0, 2, 3 or 4"
 #endif
 #if YD && !YS
 #error "YD needs YS"
@@ -524,8 +530,8 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #pragma unroll
     for (int s = 0; s < S; s++) a2[s] = c < nc ? A[(d0 + c) * NS + n0 + s] * LOG2E : 0.f;
     const float dvl = n0 == 0 && c < nc ? Dv[d0 + c] : 0.f;  // Dv u enters y once per channel
-#if DW
-    // DW: Dv u is added where the partials are summed: with YS by the lane that stores the step (its
+#if DW || YD
+    // DW, YD: Dv u is added where the partials are summed: with YS by the lane that stores the step (its
     // channel's Dv), without it by the lane that sums two channels' partials (theirs)
     const float dvc = c < nc ? Dv[d0 + c] : 0.f;
     const int cs2 = 2 * (lane % (CH / 2));
@@ -612,7 +618,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #else
             const float dt = h2f(rn.dl[i][c]), uv = h2f(rn.uu[i][c]);
             const float du = dt * uv;
-            sk[i] = dvl * uv;
+            sk[i] = YD ? 0.f : dvl * uv;  // YD: Dv u added with the sums
 #endif
             float bv[S];
             LD_BM(i, bv);
@@ -749,7 +755,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #pragma unroll
                 for (int j = 0; j < G; j++) v[j] = ya[q * G + j];
                 tot[q] = xpose_sum(v, g);
-#if DW
+#if DW || YD
                 tot[q] = fmaf(dvc, h2f(rn.uu[q * G + g][c]), tot[q]);  // zeros past the run's steps
 #endif
             }
