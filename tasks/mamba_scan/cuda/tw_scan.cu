@@ -85,13 +85,26 @@
 // (1.50x / 1.49x; G 2, K 8 there: 82.2, 1.68x), against 93.3 / 94.0 us at L 4096 and 50.1 / 50.2 at d_inner
 // 1536 for the old defaults in the same calls (every element of every run checked, compute-sanitizer 0
 // errors). With CV 0 (halves, 8-byte loads) LM 1 is 2-3% slower; CF 0 and HO 1 are within 1-2% either way,
-// SL 2 and K 8 with XR 0 slower. The MLX unit keeps CV 0, LM 0, YP 0, YS 0 until it is timed inside MLX.
+// SL 2 and K 8 with XR 0 slower. The MLX unit took the same defaults once timed inside MLX (below).
 // DW (1: a run's delta and u rows widened once per warp to (delta, delta u) f32 pairs, read with one 8-byte
 // load a step, and Dv u added where the partials are summed, instead of every lane widening its channel's
 // delta and u and forming delta u and Dv u in the first pass). In NVRTC 13's machine code at the defaults the
 // first pass goes from 376 to 322 instructions a run and the run from about 730 to 705 (the widening and the
-// sums take back part; ptxas recomputes four exponentials), no spills. Checked by the PTX interpreter; not yet
-// timed on a GPU, so its default is 0.
+// sums take back part; ptxas recomputes four exponentials), no spills. Timed (H100, 2026-12-06,
+// bench/h100-2026-12-06-scan-yd.txt): 1-2% faster than DW 0 with the in-loop sums, 1-2% slower with YD 1;
+// default 0. YD (with YS 1: each step's partial y kept in a register, the K / G groups summed by the
+// butterfly after the loop, where they are independent and their shuffles overlap, and stored through one
+// pointer stepped by G rows; Dv u added there, so the first pass no longer forms it). Nsight Compute's
+// source page at the earlier defaults (bench/scan_ncu.sh SOURCE=1, bench/ncu_source.py) showed the hand-over
+// wait running 0.71 times a run, so the chain did not bind, and 939 instructions a run, 383 in the second
+// pass, where each group of G steps had its butterfly (the FADDs waiting on the shuffles), then a branch
+// around its store with a 64-bit multiply for the address, and divergence checks (BRA.DIV, BSSY / BSYNC)
+// around the next group's shuffles: about 15% of the stall samples on control and addressing. YD 1 joined
+// the defaults of both units: 79.4 us at 1,4096,2048 in two H100 calls (1.95x mamba_ssm, from 86.5 for YD 0
+// in the same session), 1.43-1.95x on all five anchor shapes; inside MLX 0.91-0.99x of the CUDA back-end's
+// time on MLX's GPU clock. MB (blocks per SM the register allocation must allow; 0: 16 / W): G 8 / K 8 at
+// 64 registers (32 warps an SM) 150.3 us, G 4 / K 8 at 80 (24 warps) 105.2 us at 1,4096,2048: more warps do
+// not pay for the per-run and per-step overheads that shorter runs and fewer states a lane multiply.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
