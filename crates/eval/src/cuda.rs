@@ -410,24 +410,43 @@ fn extra_flags(options: &BTreeMap<String, serde_json::Value>) -> Vec<String> {
 // nvrtc-check (CI, no GPU)
 
 /// Tunable configurations of `k` admitted by its constraints for at least one of `workloads`;
-/// when there are more than `max`, the default configuration plus an even sample.
+/// when there are more than `max`, the default configuration plus an even sample. A product of more
+/// than `ENUM_CAP` configurations is not enumerated: the candidates are then the defaults, each value
+/// alone beside them, and `ENUM_CAP` configurations spread over the whole product (a stride coprime
+/// with its size), so every tunable's values appear and the defaults are never cut off.
 pub fn admitted_configs(k: &KernelSpec, workloads: &[Workload], max: usize) -> Vec<BTreeMap<String, i64>> {
-    const ENUM_CAP: usize = 200_000;
-    let mut all: Vec<BTreeMap<String, i64>> = vec![BTreeMap::new()];
-    for t in &k.tunables {
-        let mut next = Vec::new();
-        'outer: for c in &all {
+    const ENUM_CAP: u128 = 200_000;
+    let sizes: Vec<u128> = k.tunables.iter().map(|t| t.values.len().max(1) as u128).collect();
+    let total: u128 = sizes.iter().product();
+    // configuration number i of the product, the last tunable varying fastest
+    let decode = |mut i: u128| -> BTreeMap<String, i64> {
+        let mut c = BTreeMap::new();
+        for (t, s) in k.tunables.iter().zip(&sizes).rev() {
+            if let Some(v) = t.values.get((i % s) as usize) {
+                c.insert(t.name.clone(), *v);
+            }
+            i /= s;
+        }
+        c
+    };
+    let all: Vec<BTreeMap<String, i64>> = if total <= ENUM_CAP {
+        (0..total).map(decode).collect()
+    } else {
+        let def = k.default_config();
+        let mut cands = vec![def.clone()];
+        for t in &k.tunables {
             for v in &t.values {
-                let mut c2 = c.clone();
-                c2.insert(t.name.clone(), *v);
-                next.push(c2);
-                if next.len() >= ENUM_CAP {
-                    break 'outer;
-                }
+                let mut c = def.clone();
+                c.insert(t.name.clone(), *v);
+                cands.push(c);
             }
         }
-        all = next;
-    }
+        // a prime stride: coprime with the product's size unless it divides it
+        let stride: u128 = if total % 2_654_435_761 == 0 { 1 } else { 2_654_435_761 };
+        cands.extend((0..ENUM_CAP).map(|j| decode(j * stride % total)));
+        let mut seen = std::collections::BTreeSet::new();
+        cands.into_iter().filter(|c| seen.insert(c.clone())).collect()
+    };
     let ok: Vec<BTreeMap<String, i64>> = all
         .into_iter()
         .filter(|c| workloads.iter().any(|w| k.admits(c, w).unwrap_or(false)))
@@ -437,7 +456,9 @@ pub fn admitted_configs(k: &KernelSpec, workloads: &[Workload], max: usize) -> V
     }
     let def = k.default_config();
     let mut out = Vec::new();
+    let mut taken = std::collections::BTreeSet::new();
     if ok.contains(&def) {
+        taken.insert(def.clone());
         out.push(def);
     }
     let want = max.max(1);
@@ -445,7 +466,7 @@ pub fn admitted_configs(k: &KernelSpec, workloads: &[Workload], max: usize) -> V
     let mut i = 0.0;
     while out.len() < want && (i as usize) < ok.len() {
         let c = &ok[i as usize];
-        if !out.contains(c) {
+        if taken.insert(c.clone()) {
             out.push(c.clone());
         }
         i += step;
@@ -1774,5 +1795,32 @@ ptxas info    : Used 40 registers, used 0 barriers, 400 bytes cmem[0]\n";
         assert_eq!(few.len(), 5);
         assert_eq!(few[0], k.default_config());
         assert!(few.iter().all(|c| c["A"] * c["B"] <= 64));
+    }
+
+    #[test]
+    fn config_sampling_of_a_product_too_large_to_enumerate_keeps_the_defaults_and_every_value() {
+        // 2^21 configurations, more than are enumerated; the constraint admits only T0 = 1, the
+        // default, which the first half of the product in order never has.
+        let tunables: Vec<String> = (0..21)
+            .map(|i| format!(r#"{{"name": "T{i}", "values": [0, 1], "default": {}}}"#, (i == 0) as i32))
+            .collect();
+        let k: KernelSpec = serde_json::from_str(&format!(
+            r#"{{"name": "k", "file": "k.cu", "entry": "k", "constraints": ["T0 == 1"], "tunables": [{}]}}"#,
+            tunables.join(",")
+        ))
+        .unwrap();
+        let w: Workload = BTreeMap::new();
+        let few = admitted_configs(&k, std::slice::from_ref(&w), 20);
+        assert_eq!(few.len(), 20);
+        assert_eq!(few[0], k.default_config());
+        assert!(few.iter().all(|c| c["T0"] == 1 && c.len() == 21));
+        let many = admitted_configs(&k, std::slice::from_ref(&w), 2000);
+        for i in 1..21 {
+            let name = format!("T{i}");
+            assert!(
+                many.iter().any(|c| c[&name] == 0) && many.iter().any(|c| c[&name] == 1),
+                "{name}"
+            );
+        }
     }
 }
