@@ -442,7 +442,11 @@ pub fn admitted_configs(k: &KernelSpec, workloads: &[Workload], max: usize) -> V
             }
         }
         // a prime stride: coprime with the product's size unless it divides it
-        let stride: u128 = if total % 2_654_435_761 == 0 { 1 } else { 2_654_435_761 };
+        let stride: u128 = if total.is_multiple_of(2_654_435_761) {
+            1
+        } else {
+            2_654_435_761
+        };
         cands.extend((0..ENUM_CAP).map(|j| decode(j * stride % total)));
         let mut seen = std::collections::BTreeSet::new();
         cands.into_iter().filter(|c| seen.insert(c.clone())).collect()
