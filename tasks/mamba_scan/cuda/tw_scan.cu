@@ -100,7 +100,8 @@
 // pass, where each group of G steps had its butterfly (the FADDs waiting on the shuffles), then a branch
 // around its store with a 64-bit multiply for the address, and divergence checks (BRA.DIV, BSSY / BSYNC)
 // around the next group's shuffles: about 15% of the stall samples on control and addressing. YD 1 joined
-// the defaults of both units: 79.4 us at 1,4096,2048 in two H100 calls (1.95x mamba_ssm, from 86.5 for YD 0
+// the defaults of both units: 79.4, 79.4 and 80.0 us at 1,4096,2048 in three H100 calls on two machines
+// (1.94-1.95x mamba_ssm, from 86.5 for YD 0
 // in the same session), 1.43-1.95x on all five anchor shapes; inside MLX 0.91-0.99x of the CUDA back-end's
 // time on MLX's GPU clock. MB (blocks per SM the register allocation must allow; 0: 16 / W): G 8 / K 8 at
 // 64 registers (32 warps an SM) 150.3 us, G 4 / K 8 at 80 (24 warps) 105.2 us at 1,4096,2048: more warps do
