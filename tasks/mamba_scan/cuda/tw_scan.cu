@@ -769,9 +769,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #pragma unroll
                 for (int j = 0; j < G; j++) v[j] = ya[q * G + j];
                 tot[q] = xpose_sum(v, g);
-#if DW || YD
-                tot[q] = fmaf(dvc, h2f(rn.uu[q * G + g][c]), tot[q]);  // zeros past the run's steps
-#endif
+                tot[q] = fmaf(dvc, h2f(rn.uu[q * G + g][c]), tot[q]);  // Dv u (zeros past the run's steps)
             }
             if (c < nc) {
                 unsigned short* yl = yr + ylo;
