@@ -441,6 +441,41 @@ fn emulate_runs_flash_ws_with_software_exponentials_and_catches_a_broken_one() {
 }
 
 #[test]
+fn emulate_runs_flash_ws_output_stores_both_ways_and_catches_a_broken_transpose() {
+    if !nvrtc_here() {
+        return;
+    }
+    // OV 1 (the default): the quad's output words transposed by two shuffle rounds, 16-byte stores;
+    // OV 0: a 4-byte store per chunk. Head sizes 64 and 96 (three groups of four chunks), rows past L
+    // not stored (L 77: the second query block's rows from 77 on).
+    let run = |ov: &str, file: Option<&std::path::Path>| {
+        let mut cmd = emulate("attention", "cuda", "flash_ws");
+        cmd.args(["-D", ov])
+            .args(["--workload", "B=1,H=2,Hkv=1,L=77,D=96,causal=1"])
+            .args(["--workload", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"]);
+        if let Some(f) = file {
+            cmd.arg("--file").arg(f);
+        }
+        out(&mut cmd)
+    };
+    for ov in ["OV=0", "OV=1"] {
+        let (code, stdout, stderr) = run(ov, None);
+        assert_eq!(code, 0, "{ov}: {stdout}{stderr}");
+        assert!(stdout.contains(": 0 failed, 0 skipped"), "{ov}: {stdout}");
+    }
+    // The transpose's second round exchanging with the wrong lane: columns land in the wrong place.
+    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
+    let round = "hi ? x[1] : x[3], 2);";
+    assert!(src.contains(round), "flash_ws.cu changed");
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("transpose.cu");
+    std::fs::write(&broken, src.replace(round, "hi ? x[1] : x[3], 1);")).unwrap();
+    let (code, stdout, _) = run("OV=1", Some(&broken));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.starts_with("FAIL flash_ws"), "{stdout}");
+}
+
+#[test]
 fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait_or_fence() {
     if !nvrtc_here() {
         return;
