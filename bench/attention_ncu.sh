@@ -6,7 +6,8 @@
 # reason, to compare what binds the two.
 # Here:   ATT_PREPARE=1 KERNEL=flash_ws FIX=... bash bench/attention_ncu.sh  (NVRTC into .att-cubins)
 # There:  KERNEL=flash_ws FIX=... bash bench/attention_ncu.sh                 (carry .att-cubins)
-# FIX as bench/cuda_dev.py's KS_FIX (default: the task.toml defaults). Text reports land in $OUT.
+# FIX as bench/cuda_dev.py's KS_FIX (default: the task.toml defaults); SECTIONS (ncu sections), STALLS=0 (without
+# the stall reasons), METRICS (more metrics by name, comma-separated). Text reports land in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/attention-ncu}
@@ -29,6 +30,8 @@ if [ "${STALLS:-1}" = 1 ]; then
     done
     args+=(--metrics "$m")
 fi
+# METRICS: more metrics by name (comma-separated), e.g. L2 sectors and requests by source and operation
+[ -n "${METRICS:-}" ] && args+=(--metrics "$METRICS")
 KEYS="stalled|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Registers Per Thread|Achieved Occupancy|Stall|Tensor"
 # the kernel alone (checked launches, no timing, no peer)
 KS_TIME=0 ncu -k regex:attention -c "${COUNT:-2}" "${args[@]}" python3 bench/cuda_dev.py run attention \
