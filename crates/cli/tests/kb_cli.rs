@@ -476,6 +476,55 @@ fn emulate_runs_flash_ws_output_stores_both_ways_and_catches_a_broken_transpose(
 }
 
 #[test]
+fn emulate_runs_flash_ws_cluster_multicast_and_catches_a_wrong_box_or_an_early_exit() {
+    if !nvrtc_here() {
+        return;
+    }
+    // MC 1: clusters of two blocks; without the mask a pair of query blocks of one key/value head
+    // shares every K and V tile (each block multicasts its half), across heads too where grouped
+    // heads share one (L 384: three blocks a head); head size 64 and the causal mask load apart.
+    let run = |backend: &str, file: Option<&std::path::Path>| {
+        let mut cmd = emulate("attention", backend, "flash_ws");
+        cmd.args(["-D", "MC=1", "-D", "WIDE=0"])
+            .args(["--workload", "B=1,H=4,Hkv=2,L=384,D=128,causal=0"])
+            .args(["--workload", "B=1,H=3,Hkv=3,L=300,D=96,causal=0"])
+            .args(["--workload", "B=1,H=4,Hkv=2,L=300,D=128,causal=1"])
+            .args(["--workload", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"]);
+        if let Some(f) = file {
+            cmd.arg("--file").arg(f);
+        }
+        out(&mut cmd)
+    };
+    for backend in ["cuda", "mlx-cuda"] {
+        let (code, stdout, stderr) = run(backend, None);
+        assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
+        assert!(stdout.contains(": 0 failed, 0 skipped"), "{backend}: {stdout}");
+    }
+    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // Both blocks multicasting the first 64 columns of K: the second half is never loaded.
+    let half = "if (jb == rank) tma3_mc(dst + jb * BN * 128, gTm + 128";
+    assert!(src.contains(half), "flash_ws.cu changed");
+    let wrong = dir.path().join("box.cu");
+    std::fs::write(
+        &wrong,
+        src.replace(half, "if (jb == 0) tma3_mc(dst + jb * BN * 128, gTm + 128"),
+    )
+    .unwrap();
+    let (code, stdout, _) = run("cuda", Some(&wrong));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("FAIL flash_ws") && stdout.contains("L=384"), "{stdout}");
+    // Without the last cluster barrier a block leaves while the other still arrives on its barriers.
+    let last = "    // releases); every copy into it has landed, for its own consumers waited for each.\n    cl_sync();";
+    assert!(src.contains(last), "flash_ws.cu changed");
+    let early = dir.path().join("early.cu");
+    std::fs::write(&early, src.replace(last, "")).unwrap();
+    let (code, stdout, _) = run("cuda", Some(&early));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("whose threads have all exited"), "{stdout}");
+}
+
+#[test]
 fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait_or_fence() {
     if !nvrtc_here() {
         return;

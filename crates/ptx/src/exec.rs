@@ -1298,12 +1298,50 @@ impl Grid<'_> {
         } else {
             dst
         };
-        if self.lim.late_copies {
-            mem.pending.push(Pending::Tma { bar, dst, tm, c, dims });
-            Ok(())
-        } else {
-            self.tma_land(t, mem, bar, dst, &tm, &c, dims)
+        // `.multicast::cluster`: the same box at the same offset of every block of the mask, each
+        // completing the mbarrier at the same offset of its own shared memory.
+        let mut lands = vec![(bar, dst)];
+        if ins.op.flags & hop::MULTICAST != 0 {
+            if !mem.clustered {
+                return Err("a multicast tensor copy in a kernel without a cluster".into());
+            }
+            let o = a.get(3).ok_or("a multicast tensor copy without its block mask")?;
+            let mask = self.read(t, o, Ty::U16, None)? & 0xffff;
+            if mask == 0 || mask >> mem.nranks != 0 {
+                return Err(format!(
+                    "a multicast tensor copy to blocks {mask:#06x} of a cluster of {} block(s)",
+                    mem.nranks
+                ));
+            }
+            let (db, bb) = (dst & RANK_MASK, bar as usize % mem.stride.max(1));
+            lands.clear();
+            for r in (0..mem.nranks).filter(|r| mask >> r & 1 != 0) {
+                let b = (r * mem.stride + bb) as u64;
+                if !mem.mbars.contains_key(&b) {
+                    return Err(format!("no mbarrier initialised at {}", mem.shared_at(b)));
+                }
+                if mem.live[r] == 0 {
+                    return Err(format!(
+                        "a multicast tensor copy into cluster rank {r}, whose threads have all exited"
+                    ));
+                }
+                lands.push((b, db | (r as u64 + 1) << RANK_SHIFT));
+            }
         }
+        for (bar, dst) in lands {
+            if self.lim.late_copies {
+                mem.pending.push(Pending::Tma {
+                    bar,
+                    dst,
+                    tm: tm.clone(),
+                    c,
+                    dims,
+                });
+            } else {
+                self.tma_land(t, mem, bar, dst, &tm, &c, dims)?;
+            }
+        }
+        Ok(())
     }
 
     /// The space of a tensor copy's destination and mbarrier addresses.

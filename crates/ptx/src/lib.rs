@@ -15,8 +15,9 @@
 //! (with `Limits::late_copies` a product lands only at the wait that retires it); thread-block
 //! clusters (`.reqnctapercluster`: the cluster's blocks run together, each with its own shared
 //! memory, reaching the others' through `mapa` and `.shared::cluster` or generic accesses, with
-//! `barrier.cluster`, arrivals on another block's mbarrier and the `%cluster_*` registers). Not
-//! covered: multicast and `st.async`, Blackwell's `tcgen05`, function calls, textures; such an
+//! `barrier.cluster`, arrivals on another block's mbarrier, TMA copies multicast into several of
+//! its blocks, and the `%cluster_*` registers). Not covered: `st.async`, cache hints, Blackwell's
+//! `tcgen05`, function calls, textures; such an
 //! instruction is parsed past and refused with a one-line reason when a thread reaches it.
 //!
 //! Numerics: f32 operations round as IEEE (with PTX's directed modes); approximate functions

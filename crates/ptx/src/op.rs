@@ -173,7 +173,7 @@ pub enum Base {
     GetCtaRank,
     /// `barrier.cluster.arrive` (mode::ARRIVE) / `barrier.cluster.wait` (mode::SYNC).
     ClusterBar,
-    /// An instruction outside the interpreted subset (multicast, tcgen05, `call`, ...): parsed
+    /// An instruction outside the interpreted subset (`st.async`, tcgen05, `call`, ...): parsed
     /// past, refused when a thread reaches it, so a kernel whose other branches use such
     /// instructions still runs the branches that do not.
     Unsupported,
@@ -272,6 +272,9 @@ pub mod hop {
     pub const TM_FILL: u8 = 10;
     /// `cp.async.mbarrier.arrive.noinc` (flags of CpAsyncMbar).
     pub const NOINC: u32 = 1;
+    /// `.multicast::cluster` (flags of Tma): the box lands in every block of a mask (the fourth
+    /// operand), each at the same offset and on the mbarrier at the same offset.
+    pub const MULTICAST: u32 = 2;
 }
 
 pub mod flag {
@@ -411,7 +414,7 @@ pub fn unsupported(name: &str) -> Op {
 }
 
 /// Hopper's asynchronous and cluster instructions the interpreter runs (None: not one of their
-/// families). Their variants outside what it models (multicast, im2col, phases by state token,
+/// families). Their variants outside what it models (cache hints, im2col, phases by state token,
 /// swizzles other than 128 bytes are checked at run time) are refused here.
 fn decode_hopper(name: &str) -> Result<Option<Op>, String> {
     let p: Vec<&str> = name.split('.').collect();
@@ -523,13 +526,15 @@ fn decode_hopper(name: &str) -> Result<Option<Op>, String> {
                     return refuse("tensor copies of 1 to 5 dimensions");
                 };
                 if !(has("shared::cluster") && has("global") && has("tile") && has("mbarrier::complete_tx::bytes"))
-                    || has("multicast::cluster")
                     || has("L2::cache_hint")
                 {
-                    return refuse("tiled tensor loads to the block's shared memory completing on an mbarrier only");
+                    return refuse("tiled tensor loads to shared memory completing on an mbarrier only");
                 }
                 let mut o = mk(Base::Tma);
                 o.shape[0] = dims;
+                if has("multicast::cluster") {
+                    o.flags |= hop::MULTICAST;
+                }
                 o
             }
             _ => return refuse("bulk copies other than tensor loads"),
@@ -662,7 +667,7 @@ pub fn decode_op(name: &str) -> Result<Op, String> {
         "sad" => Base::Sad,
         _ => {
             return Err(format!(
-                "unsupported instruction `{name}` (the interpreter covers the SIMT subset, mma.sync, ldmatrix, mbarriers, TMA tensor loads, wgmma and clusters; not multicast, tcgen05 or calls)"
+                "unsupported instruction `{name}` (the interpreter covers the SIMT subset, mma.sync, ldmatrix, mbarriers, TMA tensor loads (multicast too), wgmma and clusters; not st.async, tcgen05 or calls)"
             ));
         }
     };

@@ -313,12 +313,12 @@ fn faults_and_hangs_are_reported_in_one_line() {
 fn an_unsupported_instruction_is_refused_only_where_a_thread_reaches_it() {
     let regs = "\t.reg .b64 %rd<4>;\n\t.reg .b32 %r<4>;\n\t.reg .pred %p<2>;";
     // A branch no thread takes holds instructions outside the model (Blackwell's tcgen05, a
-    // remote store completing on an mbarrier, a multicast TMA copy with braces and an address
-    // among its operands): the kernel runs, and its store lands.
+    // remote store completing on an mbarrier, a TMA copy with an L2 cache hint, braces and an
+    // address among its operands): the kernel runs, and its store lands.
     let body = "\tmov.u32 %r1, 7;\n\tsetp.eq.u32 %p1, %r1, 7;\n\t@%p1 bra DONE;\n\
                 \ttcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [%r1], 32;\n\
                 \tst.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%r1], %r2, [%r1];\n\
-                \tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%r1], [%rd2, {%r2, %r3}], [%r1], %r2;\n\
+                \tcp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%r1], [%rd2, {%r2, %r3}], [%r1], %rd3;\n\
                 DONE:\n\tst.global.u32 [%rd1], %r1;";
     one_thread(body, regs).unwrap();
     // Where a thread reaches one, the run stops there with the line and the reason.

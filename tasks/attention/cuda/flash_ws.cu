@@ -118,6 +118,19 @@
 // and 1.12-1.29x of cuDNN on the held-out shapes with L > 1 (from 1.04-1.17x). Inside MLX (the MLX worker's
 // judge on the GPU clock, same session): 1.002x of mx.fast.scaled_dot_product_attention at 4,32,2048,128 and
 // 1.087x causal (0.949x / 1.004x at OV 0 in the same call), 1.21-1.38x on the held-out shapes.
+// MC=1 (a tunable, not yet timed: default 0): clusters of two blocks (__cluster_dims__, the grid rounded up
+// to even). Without the causal mask the blocks of cluster b take items 2 i and 2 i + 1, two query blocks
+// that mostly share a key/value head; where they do, each loads the 64-column half of every K and V tile
+// of its rank into both blocks with one multicast TMA copy, so a tile leaves L2 once for 256 query rows
+// instead of 128. A stage is then refilled only once both blocks' consumers are done with it: a consumer
+// warp arrives on its own block's empty barrier and, through mapa, on the other's (16 arrivals a phase; 2
+// on its own where the pair loads apart), and both blocks meet at a cluster barrier after initialising
+// their barriers and before leaving. Nsight Compute (H100, 2026-12-06, bench/h100-2026-12-06-attention-ov.txt)
+// counted 44% more L2 read sectors for this kernel than for cuDNN's at 4,32,2048,128 for the same DRAM
+// bytes; FlashAttention-3 multicasts K and V across a cluster of two at head size 128 without the mask.
+// Checked by the PTX interpreter, which runs the multicast copies (both units, shared and apart pairs,
+// head sizes 64 / 96 / 128, under the mask too); a build whose blocks skip the last cluster barrier or
+// load the same half twice fails there.
 // f16 data handled as raw 16-bit words; no headers needed.
 #ifndef HD
 #define HD 128
@@ -166,6 +179,15 @@
 #endif
 #ifndef OV
 #define OV 1
+#endif
+#ifndef MC
+#define MC 0
+#endif
+#if MC != 0 && MC != 1
+#error "MC must be 0 or 1"
+#endif
+#if MC && !TMA
+#error "MC needs TMA"
 #endif
 #if OV != 0 && OV != 1
 #error "OV must be 0 or 1"
@@ -304,6 +326,22 @@ __device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
     while (!mbar_try(a, parity)) {
     }
 }
+#if MC
+// MC: the two blocks of a cluster (one SM each). Every thread of both at the cluster's barrier.
+__device__ __forceinline__ void cl_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// `n` arrivals on this block's mbarrier at `a`.
+__device__ __forceinline__ void mbar_arrive_n(unsigned a, unsigned n) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
+}
+// One arrival on the mbarrier at the same offset `a` in the shared memory of cluster rank `rank`.
+__device__ __forceinline__ void mbar_arrive_at(unsigned a, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
+}
+#endif
 
 #if TMA
 // ---- tensor maps built on the device (TMA=1) ----
@@ -351,6 +389,14 @@ __device__ __forceinline__ void tma4(unsigned dst, const unsigned char* map, int
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
                  ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
+#if MC
+// MC: the box into both blocks of the cluster, each at `dst` of its shared memory, each completing
+// its own mbarrier at `bar`.
+__device__ __forceinline__ void tma3_mc(unsigned dst, const unsigned char* map, int c0, int c1, int c2, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"((unsigned short)3) : "memory");
+}
+#endif
 #endif
 
 // Shared-memory matrix descriptor: start address, leading-dimension byte offset, stride-dimension
@@ -607,10 +653,25 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
     const int ntk = (Ln + BN - 1) / BN;  // key tiles; the last one may be partial
     // Key tiles of the query block starting at row m0.
     auto tiles = [&](int m0) { return cz ? min(ntk, (m0 + BLOCK_M + BN - 1) / BN) : ntk; };
+    // MC, without the mask: the blocks of a cluster (2 b, 2 b + 1) take items 2 i and 2 i + 1, with as
+    // many tiles each; where the two read the same key/value head each loads half of every K and V tile
+    // (the 64-column box of its rank) into both blocks, so a tile leaves L2 once for two query blocks.
+    // A stage is then reloaded only once both blocks' consumers are done with it: each consumer warp
+    // arrives on its own block's empty barrier and on the other's (16 arrivals a phase; 2 on its own
+    // where the pair loads apart). Under the mask each block goes its own way.
+    constexpr bool MCT = MC && TM && KV == 0 && HDP == 128;
+    const bool mcx = MCT && !cz;
+    const int rank = blockIdx.x & 1;
+    auto kv_head = [&](int w) {
+        int bh, mb;
+        work_item(w, nM, cz, bh, mb);
+        return (bh / Hn) * (int)Hkv + (bh % Hn) / grp;
+    };
+    auto shared_pair = [&](int w) { return mcx && (w ^ 1) < items && kv_head(w) == kv_head(w ^ 1); };
     if (tid == 0) {
         for (int st = 0; st < ST; st++) {
             mbar_init(sBar + 8 * st, TM ? 1 : PT);
-            mbar_init(sBar + 8 * (ST + st), 4 * NWG);
+            mbar_init(sBar + 8 * (ST + st), 4 * NWG * (mcx ? 2 : 1));
             if (KV) {
                 mbar_init(sBV + 8 * st, TM ? 1 : PT);
                 mbar_init(sBV + 8 * (ST + st), 4 * NWG);
@@ -619,15 +680,25 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         mbar_init(sQe, 4 * NWG);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+#if MC
+    cl_sync();  // both blocks' barriers exist before either copies into the other or arrives there
+#else
     __syncthreads();
+#endif
 
     if (wg == 0) {
         // ---- producer ----
         setmaxnreg_dec<PREG>();
+        bool issuer = true;  // MC: the producer's other threads wait at the cluster's last barrier
 #if TMA
         const unsigned char* gTm = nullptr;
         if constexpr (TM) {
+#if MC
+            if (tid >= 32) issuer = false;
+            if (issuer) {
+#else
             if (tid >= 32) return;  // one warp builds the maps, one thread issues the copies
+#endif
             const unsigned sTm = sBar + 256;  // the three maps' shared copies, 128 bytes each
             unsigned slot = 0;
             if (tid == 0) slot = (unsigned)(atomicAdd(&ks_tm_ticket, 1ull) % TM_SLOTS);  // lands while the maps are built
@@ -675,10 +746,16 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             tm_publish(gTm, sTm);
             tm_publish(gTm + 128, sTm + 128);
             tm_publish(gTm + 256, sTm + 256);
+#if MC
+            if (tid != 0) issuer = false;
+            }
+#else
             if (tid != 0) return;
+#endif
         }
 #endif
         int T = 0, n = 0;  // tiles and items this block has loaded
+        if (issuer)
         for (int p = blockIdx.x; p < groups; p += gridDim.x) {
             const int wend = min(per * p + per, items);
 #pragma unroll 1
@@ -687,6 +764,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 work_item(w, nM, cz, bh, mb);
                 const int m0 = mb * BLOCK_M, nt = tiles(m0);
                 const long long kvh = (long long)(bh / Hn) * Hkv + (bh % Hn) / grp;  // key/value head
+                const bool mce = shared_pair(w);  // MC: this block loads its half of each tile into both
                 if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous item's S products are done
                 const unsigned short* Kg = k + kvh * L * HD;
                 const unsigned short* Vg = v + kvh * L * HD;
@@ -716,14 +794,29 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                             }
                         }
 #pragma unroll
-                        for (int jb = 0; jb < HDP / 64; jb++) tma3(dst + jb * BN * 128, gTm + 128, 64 * jb, t * BN, (int)kvh, fb);
+                        for (int jb = 0; jb < HDP / 64; jb++) {
+#if MC
+                            if (mce) {
+                                if (jb == rank) tma3_mc(dst + jb * BN * 128, gTm + 128, 64 * jb, t * BN, (int)kvh, fb);
+                                continue;
+                            }
+#endif
+                            tma3(dst + jb * BN * 128, gTm + 128, 64 * jb, t * BN, (int)kvh, fb);
+                        }
                         if (KV) {
                             if (T >= ST) mbar_wait(emptyV(T), ph);
                             mbar_expect_tx(fv, TILE_B);
                         }
 #pragma unroll
-                        for (int jb = 0; jb < HDP / 64; jb++)
+                        for (int jb = 0; jb < HDP / 64; jb++) {
+#if MC
+                            if (mce) {
+                                if (jb == rank) tma3_mc(dst + TILE_B + jb * BN * 128, gTm + 256, 64 * jb, t * BN, (int)kvh, fv);
+                                continue;
+                            }
+#endif
                             tma3(dst + TILE_B + jb * BN * 128, gTm + 256, 64 * jb, t * BN, (int)kvh, fv);
+                        }
                     } else
 #endif
                     {
@@ -774,9 +867,21 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         auto release_k = [&](int T) {
             if (KV && lane == 0) mbar_arrive(emptyK(T));
         };
-        // This warp is done with tile T (its PV product has completed).
+        // This warp is done with tile T (its PV product has completed). MC: on both blocks' barriers
+        // where the item's pair shares its tiles (mce), twice on its own where it loads apart.
+        bool mce = false;
         auto release = [&](int T) {
-            if (lane == 0) mbar_arrive(emptyV(T));
+            if (lane == 0) {
+#if MC
+                if (mce) {
+                    mbar_arrive(emptyV(T));
+                    mbar_arrive_at(emptyV(T), rank ^ 1);
+                } else if (mcx) {
+                    mbar_arrive_n(emptyV(T), 2);
+                } else
+#endif
+                    mbar_arrive(emptyV(T));
+            }
         };
         // Ping-pong: warpgroup c issues its products only on its turn (barrier 1 + c), then hands
         // the turn to the other one (barrier 2 - c). Every issue point of both warpgroups is
@@ -903,6 +1008,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 int bh, mb;
                 work_item(w, nM, cz, bh, mb);
                 const int m0 = mb * BLOCK_M, nt = tiles(m0);
+                mce = shared_pair(w);
                 wrow0 = m0 + 64 * c;
                 r0 = wrow0 + 16 * warp + g;
                 mrow0 = -INFINITY;
@@ -1002,6 +1108,11 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             }
         }
     }
+#if MC
+    // Neither block leaves while the other may still arrive on its barriers (its consumers' last
+    // releases); every copy into it has landed, for its own consumers waited for each.
+    cl_sync();
+#endif
 }
 
 // The tiled path with its loads on TMA (TM) or cp.async. TMA_MIN > 0 (with TMA): a call whose blocks
@@ -1028,7 +1139,12 @@ __device__ __forceinline__ void tiled(const unsigned short* __restrict__ q, cons
     attn_tiled<BN, ST, KV, TMA != 0>(q, k, v, o, B, H, Hkv, L, D, causal);
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned short* __restrict__ q,
+#if MC
+#define KS_CLUSTER __cluster_dims__(2, 1, 1)
+#else
+#define KS_CLUSTER
+#endif
+extern "C" __global__ void KS_CLUSTER __launch_bounds__(NT, 1) attention(const unsigned short* __restrict__ q,
                                                               const unsigned short* __restrict__ k,
                                                               const unsigned short* __restrict__ v,
                                                               unsigned short* __restrict__ o, KS_AXIS B, KS_AXIS H,
