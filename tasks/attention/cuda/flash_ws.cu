@@ -331,6 +331,13 @@ __device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
 __device__ __forceinline__ void cl_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// A wait that synchronises with arrivals released at cluster scope (the other block's consumers).
+__device__ __forceinline__ void mbar_wait_cl(unsigned a, unsigned parity) {
+    unsigned ok = 0;
+    while (!ok)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok) : "r"(a), "r"(parity) : "memory");
+}
 // `n` arrivals on this block's mbarrier at `a`.
 __device__ __forceinline__ void mbar_arrive_n(unsigned a, unsigned n) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
@@ -775,6 +782,10 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 for (int t = 0; t < nt; t++, T++) {
                     const int st = T % ST;
                     const unsigned ph = (T / ST - 1) & 1;  // the phase of the stage's previous tile
+#if MC
+                    if (T >= ST && mcx) mbar_wait_cl(emptyK(T), ph);  // both blocks' consumers
+                    else
+#endif
                     if (T >= ST) mbar_wait(emptyK(T), ph);
                     const unsigned dst = sKV + 2 * st * TILE_B;
 #if TMA
