@@ -34,6 +34,9 @@
 // configuration): 0.655 ms against 0.621 ms for the kernel that required L % 128 == 0; the masks
 // are select instructions (branches per element cost ~10%) and full tiles keep the plain copy.
 // f16 data handled as raw 16-bit words; no headers needed.
+#ifndef OV
+#define OV 0
+#endif
 #ifndef HD
 #define HD 128
 #endif
@@ -116,6 +119,28 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     unsigned r;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
+}
+// OV: x[e] of quad lane l (qd) is word (l, e) of a 4 x 4 block; afterwards x[e] is word (e, l).
+__device__ __forceinline__ void quad_transpose(unsigned* x, int qd) {
+    const bool odd = qd & 1, hi = qd & 2;
+    unsigned r0 = __shfl_xor_sync(0xffffffff, odd ? x[0] : x[1], 1);
+    unsigned r1 = __shfl_xor_sync(0xffffffff, odd ? x[2] : x[3], 1);
+    if (odd) {
+        x[0] = r0;
+        x[2] = r1;
+    } else {
+        x[1] = r0;
+        x[3] = r1;
+    }
+    r0 = __shfl_xor_sync(0xffffffff, hi ? x[0] : x[2], 2);
+    r1 = __shfl_xor_sync(0xffffffff, hi ? x[1] : x[3], 2);
+    if (hi) {
+        x[0] = r0;
+        x[1] = r1;
+    } else {
+        x[2] = r0;
+        x[3] = r1;
+    }
 }
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 
@@ -479,9 +504,32 @@ extern "C" __global__ void __launch_bounds__(NT, 1) attention(const unsigned sho
     const float i0 = 1.f / lrow0, i1 = 1.f / lrow1;
     unsigned short* Og = o + bh * L * HD;
     const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
+#if OV
+    // OV: a 4 x 4 transpose of words over each quad, then 16-byte stores: whole 32-byte sectors of o.
+    #pragma unroll
+    for (int jg = 0; jg < HD / 32; jg++) {
+    #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float ih = h ? i1 : i0;
+            unsigned x[4];
+    #pragma unroll
+            for (int e = 0; e < 4; e++) x[e] = pack2(oacc[4 * (4 * jg + e) + 2 * h] * ih, oacc[4 * (4 * jg + e) + 2 * h + 1] * ih);
+            quad_transpose(x, qd);
+            if (h ? ok1 : ok0)
+                asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(Og + ((long long)r0 + 8 * h) * HD + 32 * jg + 8 * qd),
+                             "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]) : "memory");
+        }
+    }
+    #pragma unroll
+    for (int j = HD / 32 * 4; j < HD / 8; j++) {  // HD % 32 != 0: the last chunks a word at a time
+        if (ok0) *(unsigned*)(Og + (long long)r0 * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
+        if (ok1) *(unsigned*)(Og + (long long)(r0 + 8) * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
+    }
+#else
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) {
         if (ok0) *(unsigned*)(Og + (long long)r0 * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j] * i0, oacc[4 * j + 1] * i0);
         if (ok1) *(unsigned*)(Og + (long long)(r0 + 8) * HD + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
     }
+#endif
 }
