@@ -401,6 +401,36 @@ fn emulate_runs_flash_ws_short_calls_beside_its_wgmma_path() {
     }
 }
 
+/// `kb emulate` of flash_ws on `backend` with `defines` (NAME=VALUE) on `workloads`, from `file` in
+/// place of the kernel's source where one is given.
+fn emulate_flash_ws(
+    backend: &str,
+    defines: &[&str],
+    workloads: &[&str],
+    file: Option<&std::path::Path>,
+) -> (i32, String, String) {
+    let mut cmd = emulate("attention", backend, "flash_ws");
+    for d in defines {
+        cmd.args(["-D", d]);
+    }
+    for w in workloads {
+        cmd.args(["--workload", w]);
+    }
+    if let Some(f) = file {
+        cmd.arg("--file").arg(f);
+    }
+    out(&mut cmd)
+}
+
+/// flash_ws.cu with `from` (which must be in it) replaced by `to`, written as `dir`/`name`.
+fn flash_ws_mutant(dir: &std::path::Path, name: &str, from: &str, to: &str) -> std::path::PathBuf {
+    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
+    assert!(src.contains(from), "flash_ws.cu changed: {from}");
+    let path = dir.join(name);
+    std::fs::write(&path, src.replace(from, to)).unwrap();
+    path
+}
+
 #[test]
 fn emulate_runs_flash_ws_with_software_exponentials_and_catches_a_broken_one() {
     if !nvrtc_here() {
@@ -408,29 +438,16 @@ fn emulate_runs_flash_ws_with_software_exponentials_and_catches_a_broken_one() {
     }
     // EMU=3: 3 of every 8 key chunks' exponentials by the polynomial, on both units, under the
     // causal mask (keys past the diagonal are -inf) and on a ragged tail.
-    let run = |backend: &str, file: Option<&std::path::Path>| {
-        let mut cmd = emulate("attention", backend, "flash_ws");
-        cmd.args(["-D", "EMU=3"])
-            .args(["--workload", "B=1,H=2,Hkv=1,L=200,D=128,causal=1"])
-            .args(["--workload", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"]);
-        if let Some(f) = file {
-            cmd.arg("--file").arg(f);
-        }
-        out(&mut cmd)
-    };
+    let wl = ["B=1,H=2,Hkv=1,L=200,D=128,causal=1", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"];
     for backend in ["cuda", "mlx-cuda"] {
-        let (code, stdout, stderr) = run(backend, None);
+        let (code, stdout, stderr) = emulate_flash_ws(backend, &["EMU=3"], &wl, None);
         assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
         assert!(stdout.contains(": 0 failed, 0 skipped"), "{backend}: {stdout}");
     }
     // Without the clamp that keeps 2^x of a masked key a normal number: its exponent wraps.
-    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
-    let clamp = "x = fmaxf(x, -125.f);";
-    assert!(src.contains(clamp), "flash_ws.cu changed");
     let dir = tempfile::tempdir().unwrap();
-    let broken = dir.path().join("noclamp.cu");
-    std::fs::write(&broken, src.replace(clamp, "")).unwrap();
-    let (code, stdout, _) = run("cuda", Some(&broken));
+    let broken = flash_ws_mutant(dir.path(), "noclamp.cu", "x = fmaxf(x, -125.f);", "");
+    let (code, stdout, _) = emulate_flash_ws("cuda", &["EMU=3"], &wl, Some(&broken));
     assert_eq!(code, 1, "{stdout}");
     assert!(
         stdout
@@ -448,29 +465,16 @@ fn emulate_runs_flash_ws_output_stores_both_ways_and_catches_a_broken_transpose(
     // OV 1 (the default): the quad's output words transposed by two shuffle rounds, 16-byte stores;
     // OV 0: a 4-byte store per chunk. Head sizes 64 and 96 (three groups of four chunks), rows past L
     // not stored (L 77: the second query block's rows from 77 on).
-    let run = |ov: &str, file: Option<&std::path::Path>| {
-        let mut cmd = emulate("attention", "cuda", "flash_ws");
-        cmd.args(["-D", ov])
-            .args(["--workload", "B=1,H=2,Hkv=1,L=77,D=96,causal=1"])
-            .args(["--workload", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"]);
-        if let Some(f) = file {
-            cmd.arg("--file").arg(f);
-        }
-        out(&mut cmd)
-    };
+    let wl = ["B=1,H=2,Hkv=1,L=77,D=96,causal=1", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"];
     for ov in ["OV=0", "OV=1"] {
-        let (code, stdout, stderr) = run(ov, None);
+        let (code, stdout, stderr) = emulate_flash_ws("cuda", &[ov], &wl, None);
         assert_eq!(code, 0, "{ov}: {stdout}{stderr}");
         assert!(stdout.contains(": 0 failed, 0 skipped"), "{ov}: {stdout}");
     }
     // The transpose's second round exchanging with the wrong lane: columns land in the wrong place.
-    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
-    let round = "hi ? x[1] : x[3], 2);";
-    assert!(src.contains(round), "flash_ws.cu changed");
     let dir = tempfile::tempdir().unwrap();
-    let broken = dir.path().join("transpose.cu");
-    std::fs::write(&broken, src.replace(round, "hi ? x[1] : x[3], 1);")).unwrap();
-    let (code, stdout, _) = run("OV=1", Some(&broken));
+    let broken = flash_ws_mutant(dir.path(), "transpose.cu", "hi ? x[1] : x[3], 2);", "hi ? x[1] : x[3], 1);");
+    let (code, stdout, _) = emulate_flash_ws("cuda", &["OV=1"], &wl, Some(&broken));
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.starts_with("FAIL flash_ws"), "{stdout}");
 }
@@ -483,43 +487,29 @@ fn emulate_runs_flash_ws_cluster_multicast_and_catches_a_wrong_box_or_an_early_e
     // MC 1: clusters of two blocks; without the mask a pair of query blocks of one key/value head
     // shares every K and V tile (each block multicasts its half), across heads too where grouped
     // heads share one (L 384: three blocks a head); head size 64 and the causal mask load apart.
-    let run = |backend: &str, file: Option<&std::path::Path>| {
-        let mut cmd = emulate("attention", backend, "flash_ws");
-        cmd.args(["-D", "MC=1", "-D", "WIDE=0"])
-            .args(["--workload", "B=1,H=4,Hkv=2,L=384,D=128,causal=0"])
-            .args(["--workload", "B=1,H=3,Hkv=3,L=300,D=96,causal=0"])
-            .args(["--workload", "B=1,H=4,Hkv=2,L=300,D=128,causal=1"])
-            .args(["--workload", "B=1,H=2,Hkv=2,L=130,D=64,causal=0"]);
-        if let Some(f) = file {
-            cmd.arg("--file").arg(f);
-        }
-        out(&mut cmd)
-    };
+    let defs = ["MC=1", "WIDE=0"];
+    let wl = [
+        "B=1,H=4,Hkv=2,L=384,D=128,causal=0",
+        "B=1,H=3,Hkv=3,L=300,D=96,causal=0",
+        "B=1,H=4,Hkv=2,L=300,D=128,causal=1",
+        "B=1,H=2,Hkv=2,L=130,D=64,causal=0",
+    ];
     for backend in ["cuda", "mlx-cuda"] {
-        let (code, stdout, stderr) = run(backend, None);
+        let (code, stdout, stderr) = emulate_flash_ws(backend, &defs, &wl, None);
         assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
         assert!(stdout.contains(": 0 failed, 0 skipped"), "{backend}: {stdout}");
     }
-    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     // Both blocks multicasting the first 64 columns of K: the second half is never loaded.
     let half = "if (jb == rank) tma3_mc(dst + jb * BN * 128, gTm + 128";
-    assert!(src.contains(half), "flash_ws.cu changed");
-    let wrong = dir.path().join("box.cu");
-    std::fs::write(
-        &wrong,
-        src.replace(half, "if (jb == 0) tma3_mc(dst + jb * BN * 128, gTm + 128"),
-    )
-    .unwrap();
-    let (code, stdout, _) = run("cuda", Some(&wrong));
+    let wrong = flash_ws_mutant(dir.path(), "box.cu", half, &half.replace("jb == rank", "jb == 0"));
+    let (code, stdout, _) = emulate_flash_ws("cuda", &defs, &wl, Some(&wrong));
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.contains("FAIL flash_ws") && stdout.contains("L=384"), "{stdout}");
     // Without the last cluster barrier a block leaves while the other still arrives on its barriers.
     let last = "    // releases); every copy into it has landed, for its own consumers waited for each.\n    cl_sync();";
-    assert!(src.contains(last), "flash_ws.cu changed");
-    let early = dir.path().join("early.cu");
-    std::fs::write(&early, src.replace(last, "")).unwrap();
-    let (code, stdout, _) = run("cuda", Some(&early));
+    let early = flash_ws_mutant(dir.path(), "early.cu", last, "");
+    let (code, stdout, _) = emulate_flash_ws("cuda", &defs, &wl, Some(&early));
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.contains("whose threads have all exited"), "{stdout}");
 }
