@@ -118,7 +118,7 @@
 // and 1.12-1.29x of cuDNN on the held-out shapes with L > 1 (from 1.04-1.17x). Inside MLX (the MLX worker's
 // judge on the GPU clock, same session): 1.002x of mx.fast.scaled_dot_product_attention at 4,32,2048,128 and
 // 1.087x causal (0.949x / 1.004x at OV 0 in the same call), 1.21-1.38x on the held-out shapes.
-// MC=1 (a tunable, not yet timed: default 0): clusters of two blocks (__cluster_dims__, the grid rounded up
+// MC=1 (a tunable, timed slower: default 0): clusters of two blocks (__cluster_dims__, the grid rounded up
 // to even). Without the causal mask the blocks of cluster b take items 2 i and 2 i + 1, two query blocks
 // that mostly share a key/value head; where they do, each loads the 64-column half of every K and V tile
 // of its rank into both blocks with one multicast TMA copy, so a tile leaves L2 once for 256 query rows
@@ -130,7 +130,11 @@
 // bytes; FlashAttention-3 multicasts K and V across a cluster of two at head size 128 without the mask.
 // Checked by the PTX interpreter, which runs the multicast copies (both units, shared and apart pairs,
 // head sizes 64 / 96 / 128, under the mask too); a build whose blocks skip the last cluster barrier or
-// load the same half twice fails there.
+// load the same half twice fails there. Timed (H100, 2026-12-06, bench/h100-2026-12-06-attention-mc.txt,
+// against MC 0 in the same call): 453.0 against 434.5 us at 4,32,2048,128, 264.6 against 249.8 causal,
+// 3-8% slower on the ragged shapes. A build with the clusters but no shared tiles took 444.5: the
+// cluster launch and its barriers cost about 2%, and the lock-step of the two blocks' stages costs more
+// than the L2 reads it saves. The kernel is not limited by L2 here.
 // f16 data handled as raw 16-bit words; no headers needed.
 #ifndef HD
 #define HD 128
@@ -331,22 +335,19 @@ __device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
 __device__ __forceinline__ void cl_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// A wait that synchronises with arrivals released at cluster scope (the other block's consumers).
-__device__ __forceinline__ void mbar_wait_cl(unsigned a, unsigned parity) {
-    unsigned ok = 0;
-    while (!ok)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok) : "r"(a), "r"(parity) : "memory");
-}
 // `n` arrivals on this block's mbarrier at `a`.
 __device__ __forceinline__ void mbar_arrive_n(unsigned a, unsigned n) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
 }
-// One arrival on the mbarrier at the same offset `a` in the shared memory of cluster rank `rank`.
+// One arrival on the mbarrier at the same offset `a` in the shared memory of cluster rank `rank`, with
+// the default semantics (release at CTA scope), as CUTLASS's cluster pipelines arrive: what it orders is
+// this warp's reads of a stage (its wgmma products, already waited for) before the other block's next
+// copy into it. Release and acquire at cluster scope made MC 29% slower than MC 0 (584 against 427 us
+// at 4,32,2048,128, H100, 2026-12-06): each arrival paid a cluster-wide fence.
 __device__ __forceinline__ void mbar_arrive_at(unsigned a, unsigned rank) {
     unsigned r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
 }
 #endif
 
@@ -782,11 +783,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 for (int t = 0; t < nt; t++, T++) {
                     const int st = T % ST;
                     const unsigned ph = (T / ST - 1) & 1;  // the phase of the stage's previous tile
-#if MC
-                    if (T >= ST && mcx) mbar_wait_cl(emptyK(T), ph);  // both blocks' consumers
-                    else
-#endif
-                    if (T >= ST) mbar_wait(emptyK(T), ph);
+                    if (T >= ST) mbar_wait(emptyK(T), ph);  // MC: both blocks' consumers where mcx
                     const unsigned dst = sKV + 2 * st * TILE_B;
 #if TMA
                     if constexpr (TM) {
