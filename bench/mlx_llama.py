@@ -23,7 +23,7 @@ class):
   source has the switch, KS_LLAMA_LHD=0 to keep the [B, H, L, D] build; with it, q and k rotated by
   the patch's fused RoPE on MLX's CUDA back-end, KS_LLAMA_ROPE=0 for stock's RoPE, and k and v
   contiguous as that RoPE hands them over, transposed views as stock's), kernel against
-  mx.fast.scaled_dot_product_attention for a few L, 8 calls evaluated together per timing
+  mx.fast.scaled_dot_product_attention for a few L, 8 calls per timing, each queued as it is built
   (KS_LLAMA_QKV=0: without the patch's fuse_qkv, the q, k and v projections one matmul;
   KS_LLAMA_COMPILE=0: its compile=False),
   median of --reps; "suggested min_len": the shortest L from which the kernel won at every longer
@@ -198,11 +198,13 @@ def timed(fn):
 
 
 def timed_batch(fn, n=8):
-    """Seconds per call of n calls evaluated together (as a prefill's layers run: MLX's per-call
-    host work overlaps the GPU's instead of adding to it)."""
+    """Seconds per call of n calls, each handed to the GPU as soon as it is built (mx.async_eval),
+    as the patch's measured choice times them (export_llama._llama_time): the host builds the next
+    call while the GPU runs the last, as in a prefill."""
     mx.synchronize()
     t0 = time.perf_counter()
-    mx.eval([fn() for _ in range(n)])
+    for _ in range(n):
+        mx.async_eval(fn())
     mx.synchronize()
     return (time.perf_counter() - t0) / n
 
@@ -592,7 +594,8 @@ def main():
     tg.off()
     res["paths"] = {"stats": dict(unpatch.stats), "reasons": dict(getattr(unpatch, "reasons", {})),
                     "rope": dict(getattr(unpatch, "rope", {})), "qkv": dict(getattr(unpatch, "qkv", {})),
-                    "mlp": dict(getattr(unpatch, "mlp", {}))}
+                    "mlp": dict(getattr(unpatch, "mlp", {})),
+                    "choices": {str(k): list(v) for k, v in getattr(unpatch, "choices", {}).items()}}
     # attention's share of stock prefill: layers x SDPA time at that L / prefill time
     sdpa = {r["L"]: r["sdpa_ms"] for r in res["attention_alone"] if "sdpa_ms" in r}
     for r in res["prefill"]:
@@ -649,6 +652,8 @@ def main():
                  f" fused qkv {res['paths']['qkv']} fused MLP {res['paths']['mlp']}; {res['seconds']:.0f} s"
                  + (f"; skipped: {', '.join(res['skipped'])}" if res["skipped"] else "")
                  + (f"; errors in {', '.join(e['phase'] for e in res['errors'])}" if res["errors"] else ""))
+    for k, (tk, ts, chosen) in res["paths"]["choices"].items():
+        lines.append(f"measured choice {k}: kernel {tk * 1e6:.1f} us, stock {ts * 1e6:.1f} us -> {'kernel' if chosen else 'stock'}")
     print("\n" + "\n".join(lines), flush=True)
     return 1 if res["errors"] else 0
 

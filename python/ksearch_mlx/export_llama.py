@@ -377,11 +377,16 @@ class _LlamaLhdBuilds:
 
 def _llama_time(label, fn, reps):
     """Median seconds per call of `fn()`, after one warm-up (`label`: "kernel" or "stock", for
-    whoever replaces this function in a test). Each of the `reps` timings evaluates a batch of calls
-    together (up to LLAMA_TIMING_BATCH, fewer where the outputs would pass 256 MB), as a prefill's
-    layers run: MLX's per-call host work then overlaps the GPU's as it does there, instead of
-    deciding alone (a lone synchronised call of the H200's attention kernel took 0.61 ms where the
-    GPU spent 0.26 ms on it, bench/h200-2026-12-04-llama-v2.txt)."""
+    whoever replaces this function in a test). Each of the `reps` timings queues a batch of calls
+    (up to LLAMA_TIMING_BATCH, fewer where the outputs in flight would pass 256 MB), each handed to
+    the GPU as soon as it is built (mx.async_eval), then waits for all: the host builds the next
+    call while the GPU runs the last, as in a prefill, whose host work runs ahead of the GPU's.
+    Built together and evaluated by one mx.eval, a batch's host work ran before its GPU work
+    instead of beside it, and each call's time was the sum of the two: on an H100 (2026-12-06,
+    bench/h100-2026-12-06-llama-choice.txt) flash_ws then measured 271 us against stock's 265 at
+    L = 4096 (225 against 263 on the GPU's clock), and the patch kept stock's attention at every
+    length. A lone synchronised call is worse still (the H200's kernel: 0.61 ms for 0.26 ms of GPU
+    time, bench/h200-2026-12-04-llama-v2.txt)."""
     import time
 
     first = fn()
@@ -392,7 +397,8 @@ def _llama_time(label, fn, reps):
     for _ in range(reps):
         mx.synchronize()
         t0 = time.perf_counter()
-        mx.eval([fn() for _ in range(batch)])
+        for _ in range(batch):
+            mx.async_eval(fn())
         mx.synchronize()
         times.append((time.perf_counter() - t0) / batch)
     times.sort()
@@ -714,6 +720,10 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         return output, None
 
     def __call__(self, x, mask=None, cache=None):
+        if x.shape[1] < min_len:  # decode and short chunks: stock's, with no frame of this patch between
+            stats["stock"] += 1
+            reasons["short"] = reasons.get("short", 0) + 1
+            return stock(self, x, mask, cache)
         o, r = attend(self, x, mask, cache)
         return r if o is None else self.o_proj(o)
 
@@ -759,6 +769,8 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         return tail(x, None, None, r, ln["weight"], wgu, down["weight"], eps)
 
     def block_call(self, x, mask=None, cache=None):
+        if x.shape[1] < min_len:  # decode: stock's block as it is (its attention takes the line above)
+            return blk_stock(self, x, mask, cache)
         out = fused_block(self, x, mask, cache)
         return blk_stock(self, x, mask, cache) if out is None else out
 
