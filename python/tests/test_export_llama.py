@@ -278,6 +278,30 @@ def test_exported_module_patches_with_its_own_kernel_where_its_builds_admit():
         assert unpatch.reasons == {reason: 2} and len(seen) == n
 
 
+def test_choice_timer_queues_every_call_and_bounds_the_batch(monkeypatch):
+    """The measured choice's own timer: one warm-up call, then `reps` timings of a batch of calls,
+    each call handed to the GPU on its own as soon as it is built (so the host builds the next while
+    the GPU runs the last, as in a prefill), and no more calls in a batch than keep 256 MB of
+    outputs in flight; the result is a time per call."""
+    queued = []
+    monkeypatch.setattr(export_llama.mx, "async_eval", lambda *a: queued.append(len(a)))
+    built = []
+
+    def small():
+        built.append("small")
+        return mx.zeros((4, 4))
+
+    t = export_llama._llama_time("kernel", small, 3)
+    assert t > 0
+    n = export_llama.LLAMA_TIMING_BATCH
+    assert built == ["small"] * (1 + 3 * n), len(built)
+    assert queued == [1] * (3 * n), queued  # one call per async_eval, never a batch at once
+    queued.clear()
+    big = lambda: mx.zeros((100 << 20) // 4)  # noqa: E731  (100 MB of f32: two fit in 256 MB)
+    export_llama._llama_time("stock", big, 2)
+    assert len(queued) == 2 * 2, queued
+
+
 @pytest.mark.parametrize("kernel_faster", [True, False])
 def test_measured_choice_keeps_the_faster_per_shape_class(monkeypatch, kernel_faster):
     """choose="measured" (the default) times the kernel against stock on the first call of a
