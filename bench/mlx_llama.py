@@ -521,6 +521,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens before decode (1024; tiny 64)")
     ap.add_argument("--budget", type=float, default=170.0, help="seconds; phases that would start past it are skipped")
     ap.add_argument("--no-f32", action="store_true", help="skip the f32 reference logits")
+    ap.add_argument("--prefill-lens", default=None, help="prompt lengths for prefill and logits (default 2048,4096; tiny 128,256)")
     ap.add_argument("--choose", default="always", choices=("always", "measured"),
                     help="patch_mlx_lm_llama's choice: always the kernel (to measure it), or measured "
                          "(the patch's default: per shape class the faster of kernel and stock)")
@@ -528,6 +529,8 @@ def main():
 
     cfg = TINY if a.tiny else FULL
     prefill_lens = (128, 256) if a.tiny else (2048, 4096)
+    if a.prefill_lens:
+        prefill_lens = tuple(int(x) for x in a.prefill_lens.split(","))
     attn_lens = (32, 64, 128, 256) if a.tiny else (512, 1024, 2048, 4096)
     n_decode = a.decode or (8 if a.tiny else 128)
     prompt_len = a.prompt or (64 if a.tiny else 1024)
