@@ -7,6 +7,11 @@ storage):
   lhd       the searched kernel's QO_LHD build through ksearch_mlx.runtime.CompiledCandidate
             (bench/mlx_llama.py's kernel_attention, KS_ATT_KERNEL picks the kernel);
   lhd+comp  the same through mx.compile, as the Llama patch runs it;
+  export    the task function of a module as `ksearch export --mlx` writes it (the runtime, the
+            task, the kernel at its defaults, the tail), q and o in the task's [B, H, L, D], called
+            plainly (COMPILE_CALLS = False); stock_t is stock's call in that layout;
+  export+c  the same function as exported: each call shape through mx.compile;
+  user+c    the exported function inside a caller's own mx.compile;
   bare      a precompiled_cuda_kernel call built and never evaluated, with a compiled source as
             long as the kernel's CUBIN (MLX copies it into every primitive it makes) and with a
             1 KB one: the cost of making the call and of that copy.
@@ -53,6 +58,28 @@ def per_call(fn, n, reps):
     return statistics.median(build) * 1e6, statistics.median(queued) * 1e6
 
 
+def exported_module():
+    """The attention module as `ksearch export --mlx` writes it: runtime.py, the three generated
+    lines (TASK, CANDIDATE at the kernel's defaults for D = 128, BACKEND) and export_tail.py."""
+    import json
+    import types
+
+    import mlx_attention as ma
+
+    task, kern, source = ma.load()
+    cand = ma.candidate(kern, source, {"HD": 128})
+    py = os.path.join(ROOT, "python", "ksearch_mlx")
+    with open(os.path.join(py, "runtime.py")) as f:
+        runtime = f.read()
+    with open(os.path.join(py, "export_tail.py")) as f:
+        tail = f.read()
+    gen = (f"\nimport json\nTASK = json.loads(r'''{json.dumps(task)}''')\n"
+           f"CANDIDATE = json.loads(r'''{json.dumps(cand)}''')\nBACKEND = \"mlx-cuda\"\n")
+    mod = types.ModuleType("ks_exported_attention")
+    exec(compile(runtime + gen + tail, "<ks_exported_attention>", "exec"), mod.__dict__)
+    return mod
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lens", default="128,1024")
@@ -67,6 +94,9 @@ def main():
     print(f"mlx {mx.__version__} {mx.default_device()}; kernel {os.environ.get('KS_ATT_KERNEL', 'flash_wgmma')}; "
           f"B 1, H {H}, Hkv {Hkv}, D {D}, causal; {a.calls} calls a timing, medians of {a.reps}")
     print(f"{'path':<10} {'L':>6} {'build us':>9} {'queued us':>10}")
+    mod = exported_module()
+    plain_mod = exported_module()  # its own module, never compiling its calls
+    plain_mod.COMPILE_CALLS = False
     for L in [int(x) for x in a.lens.split(",")]:
         kq, kk, kv = mx.random.split(mx.random.key(L), 3)
         q = mx.random.normal((1, L, H, D), key=kq).astype(mx.float16)
@@ -84,6 +114,22 @@ def main():
             "lhd": lambda: back(q, k, v),
             "lhd+comp": lambda: back_c(q, k, v),
         }
+        # The exported function, in the task's layout: plainly, as exported, inside a caller's
+        # mx.compile. Each checked against stock once.
+        qt = q.transpose(0, 2, 1, 3)
+        mx.eval(qt)
+        user_c = mx.compile(lambda q, k, v: mod.attention(q, k, v, causal=1))
+        paths.update({
+            "stock_t": lambda: mx.fast.scaled_dot_product_attention(qt, k, v, scale=D ** -0.5, mask="causal"),
+            "export": lambda: plain_mod.attention(qt, k, v, causal=1),
+            "export+c": lambda: mod.attention(qt, k, v, causal=1),
+            "user+c": lambda: user_c(qt, k, v),
+        })
+        ref = paths["stock_t"]().astype(mx.float32)
+        for name in ("export", "export+c", "user+c"):
+            err = mx.abs(paths[name]().astype(mx.float32) - ref).max().item()
+            if not err < 2e-2:
+                sys.exit(f"{name} at L = {L}: max error {err} against stock")
         for name, fn in paths.items():
             b, qd = per_call(fn, a.calls, a.reps)
             print(f"{name:<10} {L:>6} {b:>9.1f} {qd:>10.1f}", flush=True)

@@ -11,7 +11,8 @@
 #   <task name>(…)  e.g. mamba_scan(u, delta, A, Bm, Cm, Dv) -> (y, state): the task's inputs in
 #                   order; axes come from the argument shapes, axes in no shape (attention's
 #                   `causal`) from keyword arguments; arguments are cast to the kernel's dtypes.
-#   run(**named)    the same, by name; returns {output name: array}.
+#   run(**named)    the same, by name; returns {output name: array}. Both run each call shape
+#                   through mx.compile (COMPILE_CALLS, COMPILE_SHAPES below).
 #   patch_mlx_lm(scan=None, step=None) -> unpatch   (mamba_scan / mamba_step modules only)
 #
 # Imported on its own (no CANDIDATE), it only defines the helpers, which the tests use with a fake
@@ -32,6 +33,14 @@ _TAIL_DTYPES = {
 
 # Axes that appear in no input shape get these defaults when the caller leaves them out.
 _TAIL_AXIS_DEFAULTS = {"causal": False}
+
+# The task function runs each call shape through mx.compile (one trace per shape and axes, up to
+# COMPILE_SHAPES of them: MLX keeps a trace for the process's life); set COMPILE_CALLS = False for
+# plain calls. Uncompiled, making one attention call cost 36-48 us of host time on an H100, about
+# 14 us of it MLX copying the kernel's 147 KB CUBIN into the call, against 5.5 us compiled, and a
+# short call is bound by the host (bench/h100-2026-12-06-mlx-call-cost.txt).
+COMPILE_CALLS = True
+COMPILE_SHAPES = 64
 
 
 def _tail_dtype(name):
@@ -213,6 +222,27 @@ def make_entry(task, backend, get_kernel, candidate=None):
 
     in_set, axis_set = set(in_names), set(task["axes"])
     known = {}  # (input shapes, given axes) -> axes: decode calls the same shapes every step
+    compiled = {}  # the same key -> (kernel, its compiled call, or None where it is not compiled)
+    traced = [0]  # compiled calls made: never more than COMPILE_SHAPES
+
+    def compiled_call(key, kern, axes):
+        """The compiled call of `kern` for this key (None: call it plainly)."""
+        got = compiled.get(key)
+        if got is not None and got[0] is kern:
+            return got[1]
+        fn = None
+        if COMPILE_CALLS and traced[0] < COMPILE_SHAPES:
+
+            def call(*arrays):
+                out = kern(dict(zip(in_names, arrays)), dict(axes))
+                return [out[o] for o in out_names]
+
+            fn = mx.compile(call)
+            traced[0] += 1
+        if len(compiled) > 4096:
+            compiled.clear()
+        compiled[key] = (kern, fn)
+        return fn
 
     def call_named(named):
         arrays = {}
@@ -240,7 +270,16 @@ def make_entry(task, backend, get_kernel, candidate=None):
         for n in in_names:
             a = arrays[n]
             inputs[n] = a if a.dtype == dtypes[n] else a.astype(dtypes[n])
-        return get_kernel()(inputs, dict(axes))
+        kern = get_kernel()
+        fn = compiled_call(key, kern, axes)
+        if fn is not None:
+            try:
+                return dict(zip(out_names, fn(*[inputs[n] for n in in_names])))
+            except Exception:
+                # A kernel that cannot be traced (it reads values on the host, say) runs plainly
+                # from now on; its own errors come again from the plain call below.
+                compiled[key] = (kern, None)
+        return kern(inputs, dict(axes))
 
     P = _tail_inspect.Parameter
     params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in in_names]
@@ -253,8 +292,11 @@ def make_entry(task, backend, get_kernel, candidate=None):
     n_in = len(in_names)
 
     def entry(*args, **kwargs):
-        if not kwargs and len(args) == n_in:  # the common call, without inspect's binding
+        if len(args) == n_in and in_set.isdisjoint(kwargs):
+            # the common call, without inspect's binding (a third of the call's host time):
+            # every input in order, axes by keyword (call_named refuses unknown names)
             named = dict(zip(in_names, args))
+            named.update(kwargs)
         else:
             named = dict(sig.bind(*args, **kwargs).arguments)
         out = call_named(named)

@@ -396,7 +396,8 @@ def test_exported_scan_module_patches_with_its_own_function():
     unpatch = mod.patch_mlx_lm()
     logits, _ = prefill_and_decode(m, ids, [1, 2])
     assert unpatch.stats == {"scan": 2, "step": 0, "stock": 4}
-    assert isinstance(mod.KERNEL, FakeCompiled) and len(mod.KERNEL.calls) == 2
+    # two layers of one shape: the kernel traced once (mx.compile), the trace run twice
+    assert isinstance(mod.KERNEL, FakeCompiled) and len(mod.KERNEL.calls) == 1
     dts, axes = mod.KERNEL.calls[0]
     assert axes == {"batch": 2, "L": 9, "D": 128, "N": 16}
     assert all(d == mx.float32 for d in dts.values())
@@ -523,6 +524,49 @@ def test_make_entry_generic():
         fn(mx.zeros((3, 5)), mx.zeros((5, 4)), mx.zeros((6, 2)))  # flag missing
     with pytest.raises(TypeError, match="unexpected"):
         run(x=mx.zeros((2, 5)), w=mx.zeros((5, 4)), z=mx.zeros((4, 1)), flag=0, q=1)
+
+
+def test_make_entry_compiles_each_call_shape_once():
+    """The task function traces its kernel once per call shape (mx.compile) and reuses the trace;
+    a kernel that cannot be traced, or COMPILE_CALLS = False, runs plainly on every call."""
+    tail = load_tail_standalone()
+    calls = []
+
+    def kernel(inputs, axes):
+        calls.append(axes["rows"])
+        x = inputs["x"].astype(mx.float32)
+        return {"y": x.sum(axis=1) * (2 if axes["flag"] else 1), "s": x.sum(keepdims=True)[0]}
+
+    fn, _ = tail.make_entry(FAKE, "cpu", lambda: kernel)
+    w, z = mx.zeros((5, 4)), mx.zeros((6, 2))
+    for i in range(4):
+        x = mx.full((3, 5), float(i))
+        y, s = fn(x, w, z, flag=1)
+        assert y.tolist() == [10.0 * i] * 3 and s.tolist() == [15.0 * i]  # fresh values every call
+    assert calls == [3]  # one trace for four calls
+    y, _ = fn(mx.ones((3, 5)), w, z, flag=0)  # an axis in no shape is part of the key
+    assert y.tolist() == [5.0] * 3 and calls == [3, 3]
+
+    def host_reading(inputs, axes):
+        calls.append(float(inputs["x"][0, 0].item()))  # no value to read inside a trace
+        return {"y": inputs["x"].sum(axis=1), "s": mx.zeros((1,))}
+
+    fn, _ = tail.make_entry(FAKE, "cpu", lambda: host_reading)
+    calls.clear()
+    for i in range(3):
+        y, _ = fn(mx.full((3, 5), float(i)), w, z, flag=0)
+        assert y.tolist() == [5.0 * i] * 3
+    assert calls == [0.0, 1.0, 2.0]
+
+    tail.COMPILE_CALLS = False
+    try:
+        fn, _ = tail.make_entry(FAKE, "cpu", lambda: kernel)
+        calls.clear()
+        for _ in range(3):
+            fn(mx.ones((3, 5)), w, z, flag=0)
+        assert calls == [3, 3, 3]
+    finally:
+        tail.COMPILE_CALLS = True
 
 
 def test_expressions():
