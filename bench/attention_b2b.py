@@ -7,13 +7,18 @@ against cuDNN SDPA on the same inputs, timed two ways with CUDA events (median o
 If the kernel's b2b share grows against its single launch more than SDPA's does, sustained
 back-to-back running (clocks under load, the L2 holding the next call's inputs) treats the two
 differently. Correctness is bench/cuda_dev.py's business; this only times.
+With --sustain S each runs back to back for S seconds while nvidia-smi samples the SM clock and the
+board's power: a kernel held below its clock by the power cap shows as a lower clock at the same work.
 
     python3 bench/attention_b2b.py KERNEL[:NAME=V,...] ... [--shape B,H,Hkv,L,D,causal ...] [--n 16]
 """
 import argparse
 import os
 import statistics
+import subprocess
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_dev as cd  # noqa: E402
@@ -36,12 +41,57 @@ def events(fn, n, reps, flush):
     return statistics.median(ts)
 
 
+def sustained(fn, seconds):
+    """fn back to back for `seconds` (batches of 16 launches); the median SM clock (MHz) and power (W)
+    nvidia-smi reported over the second half, and the launches' mean time (us)."""
+    torch = cd.torch
+    samples, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            r = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True)
+            try:
+                c, w = (float(x) for x in r.stdout.strip().split(","))
+                samples.append((time.monotonic(), c, w))
+            except ValueError:
+                pass
+            time.sleep(0.05)
+
+    th = threading.Thread(target=poll, daemon=True)
+    t0 = time.monotonic()
+    th.start()
+    n = 0
+    a = torch.cuda.Event(enable_timing=True)
+    b = torch.cuda.Event(enable_timing=True)
+    half = False
+    while time.monotonic() - t0 < seconds:
+        if not half and time.monotonic() - t0 > seconds / 2:
+            torch.cuda.synchronize()
+            a.record()
+            half, n = True, 0
+        for _ in range(16):
+            fn()
+        n += 16
+        torch.cuda.synchronize()
+    b.record()
+    b.synchronize()
+    stop.set()
+    th.join()
+    late = [x for x in samples if x[0] > t0 + seconds / 2]
+    if not late:
+        return float("nan"), float("nan"), a.elapsed_time(b) * 1e3 / max(n, 1)
+    return (statistics.median(x[1] for x in late), statistics.median(x[2] for x in late),
+            a.elapsed_time(b) * 1e3 / max(n, 1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kernels", nargs="+", help="kernel names of [backends.cuda], each optionally :NAME=V,...")
     ap.add_argument("--shape", action="append", default=None, help="B,H,Hkv,L,D,causal (repeatable)")
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--sustain", type=float, default=0.0, help="seconds of back-to-back running per kernel, sampled")
     a = ap.parse_args()
     cd._gpu_imports()
     torch = cd.torch
@@ -79,6 +129,10 @@ def main():
             one = events(fn, 1, a.reps, True)
             b2b = events(fn, a.n, a.reps, False)
             print(f"{sh:<26} {label:<34} {one:9.1f} {b2b:9.1f} {b2b / one:8.3f}", flush=True)
+            if a.sustain > 0:
+                clk, watts, us = sustained(fn, a.sustain)
+                print(f"{sh:<26} {label:<34} sustained {a.sustain:.0f} s: {us:9.1f} us a launch, SM clock {clk:.0f} MHz, "
+                      f"{watts:.0f} W (medians of the second half)", flush=True)
         del ins
         torch.cuda.empty_cache()
 

@@ -28,7 +28,7 @@ Environment:
                                     back-end, STRESS below (small ragged / grouped-query shapes),
                                     `mixed` (MIXED below: the shapes of bench/mixed_shapes.sh) and
                                     `anchor` (ANCHOR below: the shapes the peers were timed on),
-                                    `ragged` (RAGGED below)
+                                    `ragged` (RAGGED below), `long` (LONG below)
   KS_BACKENDS=cuda,mlx-cuda         kernel sets: [backends.cuda] and [backends.mlx-cuda] (wrapped bodies)
   KS_KERNELS=a,b                    only these kernels (names; `mlx:flash` for an MLX body)
   KS_MAXCFG=n or name=n,...         configurations per kernel and workload (nearest to the defaults
@@ -125,6 +125,18 @@ ANCHOR = {
         {"batch": 1, "L": 2048, "D": 1536, "N": 16},
         {"batch": 1, "L": 1024, "D": 3072, "N": 16},
         {"batch": 4, "L": 1024, "D": 2048, "N": 16},
+    ],
+}
+
+# Non-causal attention at growing L with about the same number of 128-row query blocks (KS_SUITES=long):
+# how much of a call goes to each block's start and end (its first S product and softmax, its last PV
+# product and output store), which a longer L amortises over more key tiles.
+LONG = {
+    "attention": [
+        {"B": 4, "H": 32, "Hkv": 32, "L": 2048, "D": 128, "causal": 0},
+        {"B": 2, "H": 32, "Hkv": 32, "L": 4096, "D": 128, "causal": 0},
+        {"B": 1, "H": 32, "Hkv": 32, "L": 8192, "D": 128, "causal": 0},
+        {"B": 1, "H": 16, "Hkv": 16, "L": 16384, "D": 128, "causal": 0},
     ],
 }
 
@@ -362,7 +374,7 @@ def plan(tasks):
                 if be not in task["backends"]:
                     continue
                 bs = task["backends"][be]
-                named = {"stress": STRESS, "mixed": MIXED, "anchor": ANCHOR, "ragged": RAGGED}
+                named = {"stress": STRESS, "mixed": MIXED, "anchor": ANCHOR, "ragged": RAGGED, "long": LONG}
                 wls = named[suite].get(tn, []) if suite in named else bs.get(suite, [])
                 kernels = [dict(bs["seed"], name="seed")] + bs.get("kernels", [])
                 for wi, wl in enumerate(wls):
