@@ -4,6 +4,7 @@
 # checked, CUDA events with L2 flushed, medians), then the scan's default kernel (tw_scan) against
 # mamba_ssm's selective-scan forward on the five anchor shapes (built from its sources here),
 # held-out and stress shapes checked (bench/scan_gpu.sh). Logs in $OUT; a short table last.
+# SKIP_SCAN=1: the attention part only; ROUNDS (default 2): attention passes; ATT_SUITES (default anchor,heldout,long).
 # Here:   ANCHORS_PREPARE=1 bash bench/cuda_anchors.sh   (NVRTC into .att-cubins and .scan-cubins-tw)
 # There:  bash bench/cuda_anchors.sh                      (carry .att-cubins, .scan-cubins-tw, .peer)
 set -uo pipefail
@@ -14,9 +15,10 @@ ROUNDS=${ROUNDS:-2}
 ATT_FIX=${ATT_FIX:-BLOCK_N=128,STAGES=3,KVS=0,WIDE=1,SMALL_L=1,EMU=0,DA=0,TMA_MIN=0,OV=1,MC=0}
 C="HS=1,XR=1,CV=1,YP=1,YS=1,YD=1,MB=0,HO=0,A1=0,CF=1"
 SCAN_FIX=${SCAN_FIX:-$C,LM=1,G=4,K=16,W=8,DW=0,SL=3}
-att() {
+att() {  # att prepare|run [timeout seconds]
     KS_CUBIN_DIR=$PWD/.att-cubins KS_BACKENDS=cuda KS_KERNELS=flash_ws KS_MAXCFG=1 \
-        KS_SUITES=${ATT_SUITES:-anchor,heldout,long} KS_TIME=1 KS_FIX=$ATT_FIX python3 bench/cuda_dev.py "$@" attention
+        KS_SUITES=${ATT_SUITES:-anchor,heldout,long} KS_TIME=1 KS_FIX=$ATT_FIX \
+        timeout "${2:-600}" python3 bench/cuda_dev.py "$1" attention
 }
 scan() {
     KS_CUBIN_DIR=$PWD/.scan-cubins-tw SWEEP_KERNELS=tw_scan OTHERS=warp_scan=1 FIX=$SCAN_FIX CHECK_FIX=$SCAN_FIX \
@@ -35,7 +37,7 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=c
     > "$OUTDIR/attention-clocks.csv" 2>&1 &
 SMI=$!
 for r in $(seq 1 "$ROUNDS"); do
-    PYTHONUNBUFFERED=1 timeout 200 att run > "$OUTDIR/attention-$r.log" 2>&1
+    PYTHONUNBUFFERED=1 att run 200 > "$OUTDIR/attention-$r.log" 2>&1
     echo "attention pass $r: exit $? $(grep -E '^==== checked' "$OUTDIR/attention-$r.log" || echo 'no summary')"
 done
 kill $SMI 2>/dev/null
@@ -79,4 +81,4 @@ for (s, shape), v in t.items():
         print(f"{s} {shape:<78} {a:9.2f} {peer:9.2f} {peer / a:6.3f}x")
 PY
 grep -h "^FAILED" "$OUTDIR"/attention-*.log | head -20
-scan
+[ "${SKIP_SCAN:-0}" = 1 ] || scan
