@@ -28,8 +28,13 @@
 // Tunables: HD (== D), BLOCK_N (keys per tile: 64, 128, 160 or 176), STAGES (K/V buffers: 2-4, as
 // shared memory allows), KVS (K and V of a stage released apart), PP (ping-pong: 0 or 1), CTAS (blocks: the GPU's SM count, 132 on an H100/H200
 // SXM; a value above the items gives one item per block, the launch of the kernel before it was
-// persistent); PREG / CREG (registers of producer / consumers) are fixed (48 / 224: no spills at
-// any tunable; ptxas allocates each role's branch within its setmaxnreg).
+// persistent); PREG / CREG (registers of producer / consumers) are fixed, 24 / 240 (as FlashAttention-3
+// gives its two consumer warpgroups; ptxas allocates each role's branch within its setmaxnreg). With the
+// earlier 48 / 224 NVRTC 13's build at the defaults spilled 4 bytes (8 in MLX's [B, L, H, D] build), 24 / 240
+// none; the cp.async producer (TMA 0) spills 16 and MC 1 4. Timed on an H100 (2026-12-06, two calls,
+// bench/h100-2026-12-06-cuda-anchors.txt): 0.4-0.9% faster at the anchor shapes (424.7-424.9 against
+// 426.8-428.0 us at 4,32,2048,128), up to 3.3% on the held-out shapes, slower nowhere beyond 0.3%;
+// 40 / 232 was 0.2-1.1% slower than 48 / 224.
 // QO_LHD=1 (not a tunable: it moves the task's q and o): q and o in [B, L, H, D] storage (element
 // (b, h, l, d) at ((b L + l) H + h) D + d), k and v as always; for a caller that holds them so,
 // such as mlx-lm, whose RoPE leaves q in [B, L, H, D] and whose o_proj reads o that way
@@ -203,10 +208,10 @@
 #error "EMU must be 0, 1, 2 or 3"
 #endif
 #ifndef PREG
-#define PREG 48
+#define PREG 24
 #endif
 #ifndef CREG
-#define CREG 224
+#define CREG 240
 #endif
 // setmaxnreg.inc takes registers only from what the block holds (168 a thread at launch under
 // __launch_bounds__(384, 1)) and what setmaxnreg.dec gave back: a consumer that asks for more waits
