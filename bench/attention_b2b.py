@@ -64,6 +64,7 @@ def sustained(fn, seconds):
     n = 0
     a = torch.cuda.Event(enable_timing=True)
     b = torch.cuda.Event(enable_timing=True)
+    a.record()  # re-recorded at the half mark; a run shorter than one batch times every launch
     half = False
     while time.monotonic() - t0 < seconds:
         if not half and time.monotonic() - t0 > seconds / 2:
