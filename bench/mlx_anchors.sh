@@ -11,15 +11,14 @@
 #   llama      the 1.0 B random-weight mlx-lm Llama stock against patch_mlx_lm_llama with flash_ws:
 #              prefill at L 2048 / 4096, decode, logits (bench/mlx_llama.py)
 # STEPS (default "attention scan mamba llama") picks steps; REPS (default 20) the attention repetitions.
-# The four steps take up to 580 s after MLX's install, so on a 600 s call run them in two:
-# STEPS="attention scan mamba", then STEPS=llama. Logs in $OUT.
+# Each step has its own time box (170 + 100 + 120 + 190 s); on an H100 (2026-12-06) they took 57, 9, 60 and
+# 26 s, and MLX's install 14, so one 600 s call does all four. Logs in $OUT.
 #
 # Here:   ../shared/tools/stage-mlx-cuda                 (stages .mlx-a/ and .mlx-b/)
 #         ANCHORS_PREPARE=1 bash bench/cuda_anchors.sh   (NVRTC into .scan-cubins-tw, among others)
 # There, two calls back to back (the machine keeps its files only while it stays warm):
 #   call 1, carry [".mlx-a"]:                     mkdir -p /tmp/mlx && cp .mlx-a/* /tmp/mlx/
-#   call 2, carry [".mlx-b", ".scan-cubins-tw"]:  STEPS="attention scan mamba" bash bench/mlx_anchors.sh
-#   call 3, the same carry:                       STEPS=llama bash bench/mlx_anchors.sh
+#   call 2, carry [".mlx-b", ".scan-cubins-tw"]:  bash bench/mlx_anchors.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
