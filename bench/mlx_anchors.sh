@@ -28,6 +28,7 @@ export OUT=$OUTDIR PYTHONUNBUFFERED=1 KSEARCH_TASKS=$ROOT/tasks KSEARCH_KB=$ROOT
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 STEPS=${STEPS:-attention scan mamba llama}
 say() { echo "[mlx_anchors ${SECONDS}s] $*"; }
+FAILED=()
 
 if ! python3 -c 'import mlx.core, mlx_lm' >/dev/null 2>&1; then
     if [ -d .mlx-b ] && ls /tmp/mlx/part_aa >/dev/null 2>&1; then
@@ -49,7 +50,9 @@ step() {  # step NAME SECONDS COMMAND...: the command's output in $OUTDIR/NAME.l
     case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
     say "$name: $*"
     timeout "$secs" "$@" > "$OUTDIR/$name.log" 2>&1
-    say "$name: exit $?"
+    local rc=$?
+    say "$name: exit $rc$([ $rc = 124 ] && echo " (cut off at $secs s)")"
+    [ $rc = 0 ] || FAILED+=("$name")
 }
 step attention 170 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_attention.py --variants default --reps "${REPS:-20}"
 step scan 100 env KS_CUBIN_DIR="$ROOT/.scan-cubins-tw" python3 bench/mlx_scan.py --kernel tw_scan --configs default --top 0
@@ -62,4 +65,8 @@ echo "==== summary (ratio = stock or peer time / ours: > 1 is faster) ===="
 [ -f "$OUTDIR/scan.log" ] && sed -n '/^==== tw_scan/,/^$/p' "$OUTDIR/scan.log"
 [ -f "$OUTDIR/mamba.log" ] && grep -E "^decode|^  runs|^prefill" "$OUTDIR/mamba.log" | tail -8
 [ -f "$OUTDIR/llama.log" ] && grep -E "^attention alone|^ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$|^prefill|^decode|^logits|^measured" "$OUTDIR/llama.log"
-true
+# Exit status: 1 when a step failed or was cut off (its log in $OUT says why), else 0.
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "failed or cut off: ${FAILED[*]} (logs in $OUTDIR)"
+    exit 1
+fi
