@@ -25,7 +25,7 @@
 // SM count every SM keeps one block for the whole call and the producer loads the next item's Q
 // and K/V tiles while the consumers finish the last tiles of this one and store its output (Q's
 // buffer is handed back by an mbarrier once both consumers' last S products have completed).
-// Tunables: HD (== D), BLOCK_N (keys per tile: 64, 128, 160 or 176), STAGES (K/V buffers: 2-4, as
+// Tunables: HD (== D), BLOCK_N (keys per tile: 64, 128, 160, 176 or 192), STAGES (K/V buffers: 2-4, as
 // shared memory allows), KVS (K and V of a stage released apart), PP (ping-pong: 0 or 1), CTAS (blocks: the GPU's SM count, 132 on an H100/H200
 // SXM; a value above the items gives one item per block, the launch of the kernel before it was
 // persistent); PREG / CREG (registers of producer / consumers) are fixed, 24 / 240 (as FlashAttention-3
@@ -77,6 +77,11 @@
 // 61.2 with 160 (1.10x; 65.8). Inside MLX, through the MLX worker's judge, the same two shapes go from
 // 0.93x / 0.98x of mx.fast.scaled_dot_product_attention to 1.09x / 1.10x
 // (bench/h200-2026-12-05-mlx-attention-blockn.txt).
+// BLOCK_N 192 (2 stages, KVS 1; wgmma m64n192k16): H100, 2026-12-06 (bench/h100-2026-12-06-wgmma-blockn192.txt,
+// three rounds against the defaults, stress suite first): 3.7% faster per key without the mask at L = 16384
+// (3340 against 3469 us), 1.8-2.9% at 4096 and 8192, even at 4,32,2048,128 (430.3 against 430.0: 11 tiles pad
+// 64 keys), 2.6% slower under the mask. A search may take it for long calls; the defaults stay. Built as a
+// third wide width chosen at run time (with a narrow PV product for the partial tile) it lost everywhere.
 // SMALL_L (a tunable: 0, 1, 8 or 32): a call with L <= SMALL_L skips the tiles (small_rows below: a warp a
 // query row, keys four at a time); L = 1 took 12.1 us through the tiled path (H200, 2026-12-05), all fixed
 // cost. WIDE=1 (a tunable): a call without the causal mask takes 176- or 160-key tiles (2 stages, KVS 1: the
@@ -230,8 +235,8 @@
 #if STAGES < 2
 #error "STAGES must be at least 2"
 #endif
-#if (BLOCK_N != 64 && BLOCK_N != 128 && BLOCK_N != 160 && BLOCK_N != 176) || (HD != 64 && HD != 96 && HD != 128)
-#error "BLOCK_N must be 64, 128, 160 or 176, HD 64, 96 or 128"
+#if (BLOCK_N != 64 && BLOCK_N != 128 && BLOCK_N != 160 && BLOCK_N != 176 && BLOCK_N != 192) || (HD != 64 && HD != 96 && HD != 128)
+#error "BLOCK_N must be 64, 128, 160, 176 or 192, HD 64, 96 or 128"
 #endif
 
 // The axes' type: `long long` for the CUDA back-end's ABI; MLX passes integer scalars as 32-bit
@@ -479,6 +484,12 @@ __device__ __forceinline__ void wgmma_ss_n176(float* d, unsigned long long da, u
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
                  : "l"(da), "l"(db), "r"(sd));
 }
+__device__ __forceinline__ void wgmma_ss_n192(float* d, unsigned long long da, unsigned long long db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+                 : "l"(da), "l"(db), "r"(sd));
+}
 
 __device__ __forceinline__ void wgmma_rs_n64_tb(float* d, const unsigned* a, unsigned long long db) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -510,7 +521,8 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
 
 // S = Q K^T of one k-step for a key tile of N columns (N a constant: the other branches fold away).
 template <int N> __device__ __forceinline__ void wgmma_s(float* d, unsigned long long da, unsigned long long db, int sd) {
-    if (N == 176) wgmma_ss_n176(d, da, db, sd);
+    if (N == 192) wgmma_ss_n192(d, da, db, sd);
+    else if (N == 176) wgmma_ss_n176(d, da, db, sd);
     else if (N == 160) wgmma_ss_n160(d, da, db, sd);
     else if (N == 128) wgmma_ss_n128(d, da, db, sd);
     else wgmma_ss_n64(d, da, db, sd);
