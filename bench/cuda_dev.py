@@ -38,6 +38,8 @@ Environment:
   KS_SEED_MAXFLOPS=2e9              the naive seed only on workloads below this many flops
   KS_TIME=1                         time (0: check only); KS_HELDOUT=0 drops the held-out suite
   KS_DEFS=X=1,...                   extra defines (debugging)
+  KS_TIME_WRONG=1                   time runs whose check failed too (diagnostic builds whose output is
+                                    wrong by design, such as flash_ws's KS_DIAG_SOFTMAX); still FAILED
   KS_FIX=POLY=0|1,U=8               only configurations whose tunables of these names take these values
                                     (alternatives separated by ";": a configuration matching any of them)
 """
@@ -141,6 +143,7 @@ LONG = {
 }
 
 SIZE = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8, "i32": 4}
+TIME_WRONG = os.environ.get("KS_TIME_WRONG", "0") == "1"
 
 
 def load_task(t):
@@ -669,7 +672,7 @@ def run(tasks):
                     if not all(guards_intact(b, float("nan")) for b in inbufs):
                         print("    a guard zone around an input was written")
                         nbad = max(nbad, 1)
-                    us = timeit(r) if do_time and suite != "stress" and nbad == 0 else float("nan")
+                    us = timeit(r) if do_time and suite != "stress" and (nbad == 0 or TIME_WRONG) else float("nan")
                 except Exception as e:  # compile or launch failure
                     print("ERROR", tn, kname, cfg, repr(e)[:400]); nbad, worst, us = -1, 0, float("nan")
                 nchecked += 1

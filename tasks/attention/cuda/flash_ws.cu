@@ -78,10 +78,11 @@
 // 0.93x / 0.98x of mx.fast.scaled_dot_product_attention to 1.09x / 1.10x
 // (bench/h200-2026-12-05-mlx-attention-blockn.txt).
 // BLOCK_N 192 (2 stages, KVS 1; wgmma m64n192k16): H100, 2026-12-06 (bench/h100-2026-12-06-wgmma-blockn192.txt,
-// three rounds against the defaults, stress suite first): 3.7% faster per key without the mask at L = 16384
-// (3340 against 3469 us), 1.8-2.9% at 4096 and 8192, even at 4,32,2048,128 (430.3 against 430.0: 11 tiles pad
-// 64 keys), 2.6% slower under the mask. A search may take it for long calls; the defaults stay. Built as a
-// third wide width chosen at run time (with a narrow PV product for the partial tile) it lost everywhere.
+// two calls against the defaults, stress suite first): without the mask at L = 16384 3.7% faster in one call
+// (3340 against 3469 us) and 0.4% in the other, at 8192 2.9% faster and 2.8% slower, at 4,32,2048,128 even
+// and 1.4% slower (11 tiles pad 64 keys); 2.6-3.7% slower under the mask. Within the calls' spread of 128:
+// the defaults stay, a search may take it. Built as a third wide width chosen at run time (with a narrow PV
+// product for the partial tile) it lost everywhere.
 // SMALL_L (a tunable: 0, 1, 8 or 32): a call with L <= SMALL_L skips the tiles (small_rows below: a warp a
 // query row, keys four at a time); L = 1 took 12.1 us through the tiled path (H200, 2026-12-05), all fixed
 // cost. WIDE=1 (a tunable): a call without the causal mask takes 176- or 160-key tiles (2 stages, KVS 1: the
@@ -317,7 +318,17 @@ __device__ __forceinline__ float ex2_fma(float x) {
     return __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
 }
 // The softmax's exponentials of n8 chunk cc: EMU chunks of every 8 on the FMA pipe, the rest on MUFU.
+// KS_DIAG_SOFTMAX (a timing diagnostic, not a tunable: its output is wrong; bench/attention_ab.sh with
+// DEFS_B and KS_TIME_WRONG=1): 1, each exponential replaced by its argument (no MUFU); 2, no softmax at all
+// (P is S rounded to f16, the output never rescaled). What the softmax costs a tile, beside the products.
+#ifndef KS_DIAG_SOFTMAX
+#define KS_DIAG_SOFTMAX 0
+#endif
+#if KS_DIAG_SOFTMAX == 1
+#define EX2C(cc, x) (x)
+#else
 #define EX2C(cc, x) ((cc) % 8 < EMU ? ex2_fma(x) : ex2(x))
+#endif
 
 __device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
@@ -955,6 +966,10 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         };
 #endif
         auto softmax = [&](int t) {
+#if KS_DIAG_SOFTMAX == 2
+            al0 = al1 = 1.f;
+            return;
+#endif
             const int n0 = t * BN;
             // s[4c + e]: row r0 + 8 * (e >> 1), key n0 + 8c + 2qd + (e & 1). Keys from lim0 (row r0)
             // and lim1 (row r0 + 8) on are masked: past the diagonal, past L.
