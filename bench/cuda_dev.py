@@ -73,6 +73,12 @@ STRESS = {
         {"B": 1, "H": 2, "Hkv": 1, "L": 33, "D": 96, "causal": 0},
         {"B": 2, "H": 4, "Hkv": 1, "L": 520, "D": 128, "causal": 0},
         {"B": 1, "H": 4, "Hkv": 2, "L": 300, "D": 64, "causal": 0},
+        # flash_ws SK=1 on 132 blocks: 134 items (2 left over, one tile a piece), 152 (20 cut in 4),
+        # 214 (82: ranges across two items), 800 (8 cut in 8)
+        {"B": 1, "H": 67, "Hkv": 1, "L": 256, "D": 64, "causal": 0},
+        {"B": 1, "H": 38, "Hkv": 2, "L": 400, "D": 128, "causal": 0},
+        {"B": 1, "H": 107, "Hkv": 1, "L": 256, "D": 64, "causal": 0},
+        {"B": 2, "H": 50, "Hkv": 5, "L": 1000, "D": 96, "causal": 0},
     ],
     "mamba_scan": [
         {"batch": 1, "L": 1, "D": 2048, "N": 16},

@@ -25,6 +25,15 @@
 // SM count every SM keeps one block for the whole call and the producer loads the next item's Q
 // and K/V tiles while the consumers finish the last tiles of this one and store its output (Q's
 // buffer is handed back by an mbarrier once both consumers' last S products have completed).
+// SK=1 (a tunable), the split tail: without the mask, where the items do not divide evenly over the
+// blocks, the stride takes the whole rounds and the items left over are cut along their key tiles into
+// one contiguous range a block, so no block runs a whole item more than the others (Sched and the
+// merge at the consumers' end below). A piece short of a whole item leaves its f32 accumulators, row
+// maxima and sums in a workspace of the module's (18 MB at 132 blocks); the warp that lands an item's
+// last piece merges the others' into its own and stores. Launches of one loaded module on several
+// streams take the workspace in turn (a tag holds the launch's output pointer), a wait over 2 s traps.
+// Checked by the PTX interpreter (pieces of one tile, ranges across two items, head sizes 64 / 96 /
+// 128, both units), which fails builds whose merge drops pieces or reads another piece's slot.
 // Tunables: HD (== D), BLOCK_N (keys per tile: 64, 128, 160, 176 or 192), STAGES (K/V buffers: 2-4, as
 // shared memory allows), KVS (K and V of a stage released apart), PP (ping-pong: 0 or 1), CTAS (blocks: the GPU's SM count, 132 on an H100/H200
 // SXM; a value above the items gives one item per block, the launch of the kernel before it was
@@ -198,6 +207,12 @@
 #ifndef MC
 #define MC 0
 #endif
+#ifndef SK
+#define SK 0
+#endif
+#if SK != 0 && SK != 1
+#error "SK must be 0 or 1"
+#endif
 #if MC != 0 && MC != 1
 #error "MC must be 0 or 1"
 #endif
@@ -369,6 +384,49 @@ __device__ __forceinline__ void mbar_arrive_at(unsigned a, unsigned rank) {
     unsigned r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
+}
+#endif
+
+#if SK
+// ---- the split tail (SK=1) ----
+// One workspace per loaded module: two slots a block (its first and last piece of the tail), each a
+// consumer thread's output accumulators, running maxima and sums in fragment order (SK_F4 16-byte words a
+// thread, word k of thread t at (k * 128 + t) of its warpgroup's part), so a thread writes and reads
+// only its own fragment's words, 16 bytes a lane, whole lines a warp.
+#define SK_MAXB 132
+#define SK_F4 (HDP / 8 + 1)
+#define SK_SMEM 704  // offset from the barriers of the tail's shape (P, U, R, F * G) in shared memory
+__device__ float4 ks_sk_ws[2 * SK_MAXB * NWG * SK_F4 * 128];
+// Per (tail item, consumer warpgroup, warp): pieces of that item whose partial results have landed.
+// The warp that lands the last one merges and stores, then puts the count back to 0 for the next launch.
+__device__ unsigned ks_sk_cnt[SK_MAXB * NWG * 4];
+// The workspace's owner: the output pointer of the launch whose tail is using it (0: free), and the
+// merges done so far. Launches of one module on several streams whose tails meet take it in turn.
+__device__ unsigned long long ks_sk_tag;
+__device__ unsigned ks_sk_done;
+__device__ __forceinline__ unsigned long long globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+// Take the workspace for the launch writing `o` (the producer's issuing thread, before the block's first
+// piece of a split item): free, or already this launch's. Another launch's tail (another stream) holds
+// it only until its last merge: wait, and fail loudly (a trap) after 2 s rather than hang.
+__device__ __forceinline__ void sk_claim(unsigned long long me) {
+    unsigned long long t0 = 0;
+    for (;;) {
+        const unsigned long long was = atomicCAS(&ks_sk_tag, 0ull, me);
+        if (was == 0ull || was == me) break;
+        if (t0 == 0) t0 = globaltimer();
+        else if (globaltimer() - t0 > 2000000000ull) __trap();
+        __nanosleep(1000);
+    }
+    __threadfence();  // the other launch's reads of the workspace before this one's writes
+}
+__device__ __forceinline__ float4 ld_cg4(const float4* p) {
+    float4 r;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p));
+    return r;
 }
 #endif
 
@@ -638,6 +696,42 @@ __device__ __forceinline__ void small_rows(const unsigned short* __restrict__ q,
     }
 }
 
+// A block's pieces of work, in order: the items its stride takes (groups of `per` from blockIdx.x on,
+// gridDim.x apart, below dpg), then (SK, where `tail`) its range [u, ue) of the split tail's key-tile
+// units, R items of ntk tiles from item F * G on. next(w, ta, tb, last): item w, its key tiles from ta
+// up to tb (1 << 30: all), whether this is the block's last piece; false after the last. One call site,
+// so the tiled body is built once.
+struct Sched {
+    int dpg, per, items, G;
+    bool tail;
+    int F, ntk, u, ue;
+    int p, w;  // the stride's cursor
+    __device__ __forceinline__ bool next(int& wi, int& ta, int& tb, bool& last) {
+        if (p < dpg) {
+            const int wend = min(per * p + per, items);
+            wi = w;
+            ta = 0;
+            tb = 1 << 30;
+            last = !tail && p + G >= dpg && w + 1 == wend;
+            if (++w == wend) {
+                p += G;
+                w = per * p;
+            }
+            return true;
+        }
+        if (tail && u < ue) {
+            const int r = u / ntk;
+            ta = u - r * ntk;
+            tb = min(ntk, ta + (ue - u));
+            u += tb - ta;
+            wi = F * G + r;
+            last = u >= ue;
+            return true;
+        }
+        return false;
+    }
+};
+
 __device__ __forceinline__ void work_item(int w, int nM, int causal, int& bh, int& mb) {
     bh = w / nM;
     const int j = w - bh * nM;
@@ -704,6 +798,32 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         return (bh / Hn) * (int)Hkv + (bh % Hn) / grp;
     };
     auto shared_pair = [&](int w) { return mcx && (w ^ 1) < items && kv_head(w) == kv_head(w ^ 1); };
+    // SK=1, the split tail: without the mask, where the items do not divide evenly over the blocks (F
+    // whole rounds and R items left), the stride takes the F rounds and the R items' key tiles (U units)
+    // are cut into P contiguous ranges, one a block (block b: units [sk_at(b), sk_at(b + 1))), so every
+    // block ends within a tile of the others where R of them ran a whole item more (4,32,2048,128 on 132
+    // blocks: 2048 items, 16 rounds of which the last holds 68; 5,16,1,513,128: 400 items, 4 rounds, the
+    // last 4). A range is shorter than an item, so it holds at most two pieces, each of which stores
+    // its output where it covers a whole item, or else its partial result (accumulators, maxima, sums)
+    // in the workspace; the warp that lands an item's last piece merges the others into its own and
+    // stores (sk_merge below). The body's pieces: (item w, key tiles [ta, min(tb, the item's tiles)),
+    // this block's last piece).
+    const int G = (int)gridDim.x;
+#if SK
+    const bool skx = !cz && !mcx && items > G && items % G != 0 && G <= SK_MAXB &&
+                     (long long)(items % G) * ntk * G < (1ll << 31);
+#else
+    const bool skx = false;
+#endif
+    const int F = items / G, R = items - F * G, U = skx ? R * ntk : 0;
+    const int P = min(G, U);
+    auto sk_at = [&](int b) { return P ? b * U / P : 0; };
+    auto sk_block = [&](int u) { return U ? ((u + 1) * P - 1) / U : 0; };  // the block whose range holds unit u
+    const int dpg = skx ? F * G : groups;    // groups the stride takes
+    const bool tail = skx && (int)blockIdx.x < P;  // this block has pieces of the split tail
+    const int p0 = blockIdx.x;
+    const Sched sched{dpg, per, items, G, tail, F, ntk, tail ? sk_at(p0) : 0, tail ? sk_at(p0 + 1) : 0,
+                      p0, per * p0};
     if (tid == 0) {
         for (int st = 0; st < ST; st++) {
             mbar_init(sBar + 8 * st, TM ? 1 : PT);
@@ -714,6 +834,11 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             }
         }
         mbar_init(sQe, 4 * NWG);
+        // SK: the split tail's shape, read back where a piece is merged (held in registers through the
+        // loop it cost the consumers their last registers: ptxas serialised the wgmma products).
+#if SK
+        if (skx) asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sBar + SK_SMEM), "r"(P), "r"(U), "r"(R), "r"(F * G) : "memory");
+#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
 #if MC
@@ -790,25 +915,38 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
 #endif
         }
 #endif
-        int T = 0, n = 0;  // tiles and items this block has loaded
-        if (issuer)
-        for (int p = blockIdx.x; p < groups; p += gridDim.x) {
-            const int wend = min(per * p + per, items);
+        int T = 0, n = 0;  // tiles and pieces this block has loaded
+#if SK
+        bool claimed = false;  // the workspace is this launch's
+#endif
+        Sched cur = sched;
+        int w, ta, tb;
+        bool last;
 #pragma unroll 1
-            for (int w = per * p; w < wend; w++, n++) {
+        while (issuer && cur.next(w, ta, tb, last)) {
                 int bh, mb;
                 work_item(w, nM, cz, bh, mb);
-                const int m0 = mb * BLOCK_M, nt = tiles(m0);
+                const int m0 = mb * BLOCK_M, t1 = min(tb, tiles(m0));
                 const long long kvh = (long long)(bh / Hn) * Hkv + (bh % Hn) / grp;  // key/value head
                 const bool mce = shared_pair(w);  // MC: this block loads its half of each tile into both
-                if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous item's S products are done
+                if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous piece's S products are done
+                n++;
+#if SK
+                // The block's first piece of a split item: the workspace is this launch's before any
+                // of its tiles (so any consumer's write of a partial result) is loaded.
+                if ((ta > 0 || tb < ntk) && !claimed) {
+                    claimed = true;
+                    if (tid == 0) sk_claim((unsigned long long)o);
+                    if constexpr (!TM) asm volatile("bar.sync 3, %0;\n" ::"n"(PT) : "memory");
+                }
+#endif
                 const unsigned short* Kg = k + kvh * L * HD;
                 const unsigned short* Vg = v + kvh * L * HD;
                 // Q's copies complete the full barrier of the item's first tile too.
                 if constexpr (!TM)
                     load_tile<BLOCK_M, false>(sQ, q + qo_row(bh, m0, Hn, L), Ln - m0, tid, QO_LHD ? (long long)Hn * HD : HD);
 #pragma unroll 1
-                for (int t = 0; t < nt; t++, T++) {
+                for (int t = ta; t < t1; t++, T++) {
                     const int st = T % ST;
                     const unsigned ph = (T / ST - 1) & 1;  // the phase of the stage's previous tile
                     if (T >= ST) mbar_wait(emptyK(T), ph);  // MC: both blocks' consumers where mcx
@@ -818,8 +956,8 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                         // Every box lands whole (out-of-bounds elements as zeros), so the bytes are
                         // fixed; Q's boxes complete the full barrier of the item's first tile too.
                         const unsigned fb = fullK(T), fv = fullV(T);
-                        mbar_expect_tx(fb, (KV ? 1 : 2) * TILE_B + (t == 0 ? Q_BYTES : 0));
-                        if (t == 0) {
+                        mbar_expect_tx(fb, (KV ? 1 : 2) * TILE_B + (t == ta ? Q_BYTES : 0));
+                        if (t == ta) {
 #pragma unroll
                             for (int jb = 0; jb < HDP / 64; jb++) {
 #if QO_LHD
@@ -869,7 +1007,6 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                         mbar_arrive_cp(fullV(T));
                     }
                 }
-            }
         }
         if constexpr (!TM) cp_wait_all();  // nothing of this block in flight when the producer exits
     } else {
@@ -1039,15 +1176,15 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
 #if PP
         if (c == 1) nbar_arrive<1>();  // warpgroup 0 takes the first turn
 #endif
-        int T0 = 0;  // the block's tiles before this item
-        for (int p = blockIdx.x; p < groups; p += gridDim.x) {
-            const int wend = min(per * p + per, items);
-            const bool last_group = p + (int)gridDim.x >= groups;
+        int T0 = 0;  // the block's tiles before this piece
+        Sched cur = sched;
+        int w, ta, tb;
+        bool last;
 #pragma unroll 1
-            for (int w = per * p; w < wend; w++) {
+        while (cur.next(w, ta, tb, last)) {
                 int bh, mb;
                 work_item(w, nM, cz, bh, mb);
-                const int m0 = mb * BLOCK_M, nt = tiles(m0);
+                const int m0 = mb * BLOCK_M, nt = min(tb, tiles(m0)) - ta;  // the piece's tiles: ta .. ta + nt - 1
                 mce = shared_pair(w);
                 wrow0 = m0 + 64 * c;
                 r0 = wrow0 + 16 * warp + g;
@@ -1067,7 +1204,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 pin<BN / 2>(s);
                 release_k(T0);
                 if (nt == 1) release_q();
-                softmax(0);
+                softmax(ta);
                 pack_p();
 #pragma unroll 1
                 for (int t = 1; t < nt; t++) {
@@ -1084,7 +1221,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     pin<BN / 2>(s);
                     release_k(T0 + t);
                     if (t == nt - 1) release_q();
-                    softmax(t);
+                    softmax(ta + t);
                     wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc
                     pin<HDP / 2>(oacc);
                     release(T0 + t - 1);
@@ -1105,7 +1242,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 turn_begin();
                 wg_fence();
                 issue_pv(T0 + nt - 1);
-                turn_end(last_group && w + 1 == wend);
+                turn_end(last);
                 wg_wait<0>();
                 pin<HDP / 2>(oacc);
                 release(T0 + nt - 1);
@@ -1114,6 +1251,69 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 2);
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 2);
+#if SK
+                if (ta > 0 || tb < ntk) {  // (the stride's items carry tb = 1 << 30)
+                    // A piece of a split item (SK): this warp's rows' partial result goes to the block's slot
+                    // for the piece (0: its range's first piece, 1: its second); the warp that brings the
+                    // item's count of landed pieces to all of them merges the others' into its own and stores.
+                    int sP, sU, sR, sFG;
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(sP), "=r"(sU), "=r"(sR), "=r"(sFG) : "r"(sBar + SK_SMEM) : "memory");
+                    const int tk = sU / sR;  // key tiles of an item
+                    auto sk_at = [&](int bb) { return bb * sU / sP; };
+                    auto sk_block = [&](int u) { return ((u + 1) * sP - 1) / sU; };
+                    const int r = w - sFG, u0 = r * tk, b = blockIdx.x;
+                    auto slot = [&](int bb, int jj) {
+                        return ks_sk_ws + ((2 * bb + jj) * NWG + c) * (SK_F4 * 128) + (tid & 127);
+                    };
+                    float4* const mine = slot(b, sk_at(b) >= u0 ? 0 : 1);
+#pragma unroll
+                    for (int kq = 0; kq < HDP / 8; kq++)
+                        mine[kq * 128] = make_float4(oacc[4 * kq], oacc[4 * kq + 1], oacc[4 * kq + 2], oacc[4 * kq + 3]);
+                    mine[(HDP / 8) * 128] = make_float4(mrow0, mrow1, lrow0, lrow1);
+                    __threadfence();
+                    __syncwarp();
+                    unsigned* const cnt = ks_sk_cnt + (r * NWG + c) * 4 + warp;
+                    const int bf = sk_block(u0), bl = sk_block(u0 + tk - 1);  // the item's pieces' blocks
+                    unsigned got = 0;
+                    if (lane == 0) got = atomicAdd(cnt, 1u);
+                    if ((int)__shfl_sync(0xffffffff, got, 0) < bl - bf) continue;  // pieces still out
+                    __threadfence();
+#pragma unroll 1
+                    for (int bb = bf; bb <= bl; bb++) {
+                        if (bb == b) continue;  // a block holds one piece of an item: this one
+                        const float4* const x = slot(bb, sk_at(bb) >= u0 ? 0 : 1);
+                        const float4 ml = ld_cg4(x + (HDP / 8) * 128);
+                        const float n0 = fmaxf(mrow0, ml.x), n1 = fmaxf(mrow1, ml.y);
+                        const float a0 = ex2(mrow0 - n0), a1 = ex2(mrow1 - n1), e0 = ex2(ml.x - n0), e1 = ex2(ml.y - n1);
+#pragma unroll
+                        for (int kq = 0; kq < HDP / 8; kq++) {
+                            const float4 y = ld_cg4(x + kq * 128);
+                            oacc[4 * kq] = oacc[4 * kq] * a0 + y.x * e0;
+                            oacc[4 * kq + 1] = oacc[4 * kq + 1] * a0 + y.y * e0;
+                            oacc[4 * kq + 2] = oacc[4 * kq + 2] * a1 + y.z * e1;
+                            oacc[4 * kq + 3] = oacc[4 * kq + 3] * a1 + y.w * e1;
+                        }
+                        lrow0 = lrow0 * a0 + ml.z * e0;
+                        lrow1 = lrow1 * a1 + ml.w * e1;
+                        mrow0 = n0;
+                        mrow1 = n1;
+                    }
+                    // This launch's merges: all warps of every split item's two warpgroups. The last one
+                    // hands the workspace back (counts at 0 for the next launch).
+                    int split = 0;
+                    for (int rr = lane; rr < sR; rr += 32) split += sk_block(rr * tk) != sk_block(rr * tk + tk - 1);
+                    split = __reduce_add_sync(0xffffffff, split);
+                    if (lane == 0) {
+                        *cnt = 0u;
+                        __threadfence();
+                        if (atomicAdd(&ks_sk_done, 1u) + 1 == (unsigned)(split * NWG * 4)) {
+                            ks_sk_done = 0u;
+                            __threadfence();
+                            atomicExch(&ks_sk_tag, 0ull);
+                        }
+                    }
+                }
+#endif
                 const float i0 = 1.f / lrow0, i1 = 1.f / lrow1;
                 const long long ors = QO_LHD ? (long long)Hn * HD : HD;  // output row stride
                 const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
@@ -1145,7 +1345,6 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     if (ok1) *(unsigned*)(o + qo_row(bh, r0, Hn, L) + ors * 8 + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
                 }
 #endif
-            }
         }
     }
 #if MC
