@@ -954,31 +954,30 @@ fn emulate_runs_flash_ws_split_tail_and_catches_a_merge_that_drops_pieces() {
     if !nvrtc_here() {
         return;
     }
-    // SK=1 on CTAS = 114 blocks: 117 items of 3 key tiles (three left over, each cut into three
-    // one-tile pieces that one warp merges), and 214 items of 2 tiles (100 left over, 200 tiles on
-    // 114 blocks: ranges that cross from one item into the next, two pieces a block; the broken
-    // builds run there). On both units.
+    // SK=1 on CTAS = 114 blocks: 120 items of 10 key tiles (12 heads x 10 query blocks), six left
+    // over, 60 tiles cut into 15 ranges of 4: every item of the tail in three pieces, ranges that
+    // cross from one item into the next (two pieces a block), one warp merging three. On both units.
     let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
-    let merge = "if (bb == b) continue;";
-    let other = "slot(bb, sk_at(bb) >= u0 ? 0 : 1)";
+    let merge = "for (int bb = bf; bb <= bl; bb++)";
+    let other = "sk_slot(bb, sk_at(bb) >= u0 ? 0 : 1, c, tid & 127)";
     assert_eq!(src.matches(merge).count(), 1, "flash_ws.cu changed");
     assert_eq!(src.matches(other).count(), 1, "flash_ws.cu changed");
     let dir = tempfile::tempdir().unwrap();
-    // The merging warp takes only the pieces of blocks after its own (none: the interpreter runs
-    // blocks in order, so the last piece to land is the last block's), or reads another block's
-    // second slot for its first: either leaves rows unmerged.
+    // The merging warp takes only the last block's piece of the item, or reads a block's second
+    // slot for its first: either leaves rows unmerged or wrong.
     let drop = dir.path().join("drop.cu");
-    std::fs::write(&drop, src.replace(merge, "if (bb <= b) continue;")).unwrap();
+    std::fs::write(&drop, src.replace(merge, "for (int bb = bl; bb <= bl; bb++)")).unwrap();
     let swap = dir.path().join("swap.cu");
-    std::fs::write(&swap, src.replace(other, "slot(bb, sk_at(bb) >= u0 ? 1 : 0)")).unwrap();
+    std::fs::write(
+        &swap,
+        src.replace(other, "sk_slot(bb, sk_at(bb) >= u0 ? 1 : 0, c, tid & 127)"),
+    )
+    .unwrap();
     for backend in ["cuda", "mlx-cuda"] {
         let run = |file: Option<&std::path::Path>| {
             let mut cmd = emulate("attention", backend, "flash_ws");
             cmd.args(["-D", "SK=1", "-D", "CTAS=114", "-D", "WIDE=0"]);
-            if file.is_none() {
-                cmd.args(["--workload", "B=1,H=39,Hkv=3,L=384,D=64,causal=0"]);
-            }
-            cmd.args(["--workload", "B=1,H=107,Hkv=1,L=256,D=64,causal=0"]);
+            cmd.args(["--workload", "B=1,H=12,Hkv=3,L=1280,D=64,causal=0"]);
             if let Some(f) = file {
                 cmd.arg("--file").arg(f);
             }
@@ -986,8 +985,7 @@ fn emulate_runs_flash_ws_split_tail_and_catches_a_merge_that_drops_pieces() {
         };
         let (code, stdout, stderr) = run(None);
         assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
-        let ok = stdout.lines().filter(|l| l.starts_with("ok   flash_ws")).count();
-        assert_eq!(ok, 2, "{backend}: {stdout}");
+        assert!(stdout.starts_with("ok   flash_ws"), "{backend}: {stdout}");
         for f in [&drop, &swap] {
             let (code, stdout, _) = run(Some(f));
             assert_eq!(code, 1, "{backend} {f:?}: {stdout}");

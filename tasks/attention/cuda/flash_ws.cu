@@ -395,7 +395,10 @@ __device__ __forceinline__ void mbar_arrive_at(unsigned a, unsigned rank) {
 // only its own fragment's words, 16 bytes a lane, whole lines a warp.
 #define SK_MAXB 132
 #define SK_F4 (HDP / 8 + 1)
-#define SK_SMEM 704  // offset from the barriers of the tail's shape (P, U, R, F * G) in shared memory
+// Tiles a piece holds at least, and an item has at least twice over to be cut: a piece pays a Q load, a
+// pipeline fill and drain and its part of a merge (H100, 2026-12-06: with one-tile pieces 4,32,8,300,128
+// went from 26.8 to 39.8 us).
+#define SK_MIN 4
 __device__ float4 ks_sk_ws[2 * SK_MAXB * NWG * SK_F4 * 128];
 // Per (tail item, consumer warpgroup, warp): pieces of that item whose partial results have landed.
 // The warp that lands the last one merges and stores, then puts the count back to 0 for the next launch.
@@ -408,6 +411,10 @@ __device__ __forceinline__ unsigned long long globaltimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
     return t;
+}
+// Block b's slot j (its first or second piece of the tail): consumer warpgroup c's thread t's words.
+__device__ __forceinline__ float4* sk_slot(int b, int j, int c, int t) {
+    return ks_sk_ws + ((2 * b + j) * NWG + c) * (SK_F4 * 128) + t;
 }
 // Take the workspace for the launch writing `o` (the producer's issuing thread, before the block's first
 // piece of a split item): free, or already this launch's. Another launch's tail (another stream) holds
@@ -810,13 +817,17 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
     // this block's last piece).
     const int G = (int)gridDim.x;
 #if SK
-    const bool skx = !cz && !mcx && items > G && items % G != 0 && G <= SK_MAXB &&
+    const bool skx = !cz && !mcx && items > G && items % G != 0 && G <= SK_MAXB && ntk >= 2 * SK_MIN &&
                      (long long)(items % G) * ntk * G < (1ll << 31);
 #else
     const bool skx = false;
 #endif
     const int F = items / G, R = items - F * G, U = skx ? R * ntk : 0;
-    const int P = min(G, U);
+#if SK
+    const int P = min(G, U / SK_MIN);
+#else
+    const int P = 0;
+#endif
     auto sk_at = [&](int b) { return P ? b * U / P : 0; };
     auto sk_block = [&](int u) { return U ? ((u + 1) * P - 1) / U : 0; };  // the block whose range holds unit u
     const int dpg = skx ? F * G : groups;    // groups the stride takes
@@ -834,11 +845,6 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             }
         }
         mbar_init(sQe, 4 * NWG);
-        // SK: the split tail's shape, read back where a piece is merged (held in registers through the
-        // loop it cost the consumers their last registers: ptxas serialised the wgmma products).
-#if SK
-        if (skx) asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(sBar + SK_SMEM), "r"(P), "r"(U), "r"(R), "r"(F * G) : "memory");
-#endif
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
 #if MC
@@ -1177,6 +1183,9 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         if (c == 1) nbar_arrive<1>();  // warpgroup 0 takes the first turn
 #endif
         int T0 = 0;  // the block's tiles before this piece
+#if SK
+        int jt = 0;  // the block's pieces of the split tail so far
+#endif
         Sched cur = sched;
         int w, ta, tb;
         bool last;
@@ -1252,65 +1261,18 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 2);
 #if SK
-                if (ta > 0 || tb < ntk) {  // (the stride's items carry tb = 1 << 30)
-                    // A piece of a split item (SK): this warp's rows' partial result goes to the block's slot
-                    // for the piece (0: its range's first piece, 1: its second); the warp that brings the
-                    // item's count of landed pieces to all of them merges the others' into its own and stores.
-                    int sP, sU, sR, sFG;
-                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(sP), "=r"(sU), "=r"(sR), "=r"(sFG) : "r"(sBar + SK_SMEM) : "memory");
-                    const int tk = sU / sR;  // key tiles of an item
-                    auto sk_at = [&](int bb) { return bb * sU / sP; };
-                    auto sk_block = [&](int u) { return ((u + 1) * sP - 1) / sU; };
-                    const int r = w - sFG, u0 = r * tk, b = blockIdx.x;
-                    auto slot = [&](int bb, int jj) {
-                        return ks_sk_ws + ((2 * bb + jj) * NWG + c) * (SK_F4 * 128) + (tid & 127);
-                    };
-                    float4* const mine = slot(b, sk_at(b) >= u0 ? 0 : 1);
+                // A piece of a split item (SK): this warp's rows' partial result goes to the block's slot for
+                // the piece (its jt-th of the tail: 0 or 1), merged and stored after the loop (sk_merge), so
+                // the loop carries no more than these stores.
+                if (tb < (1 << 30)) {
+                    const int j = jt++;
+                    if (ta > 0 || tb < ntk) {
+                        float4* const mine = sk_slot(blockIdx.x, j, c, tid & 127);
 #pragma unroll
-                    for (int kq = 0; kq < HDP / 8; kq++)
-                        mine[kq * 128] = make_float4(oacc[4 * kq], oacc[4 * kq + 1], oacc[4 * kq + 2], oacc[4 * kq + 3]);
-                    mine[(HDP / 8) * 128] = make_float4(mrow0, mrow1, lrow0, lrow1);
-                    __threadfence();
-                    __syncwarp();
-                    unsigned* const cnt = ks_sk_cnt + (r * NWG + c) * 4 + warp;
-                    const int bf = sk_block(u0), bl = sk_block(u0 + tk - 1);  // the item's pieces' blocks
-                    unsigned got = 0;
-                    if (lane == 0) got = atomicAdd(cnt, 1u);
-                    if ((int)__shfl_sync(0xffffffff, got, 0) < bl - bf) continue;  // pieces still out
-                    __threadfence();
-#pragma unroll 1
-                    for (int bb = bf; bb <= bl; bb++) {
-                        if (bb == b) continue;  // a block holds one piece of an item: this one
-                        const float4* const x = slot(bb, sk_at(bb) >= u0 ? 0 : 1);
-                        const float4 ml = ld_cg4(x + (HDP / 8) * 128);
-                        const float n0 = fmaxf(mrow0, ml.x), n1 = fmaxf(mrow1, ml.y);
-                        const float a0 = ex2(mrow0 - n0), a1 = ex2(mrow1 - n1), e0 = ex2(ml.x - n0), e1 = ex2(ml.y - n1);
-#pragma unroll
-                        for (int kq = 0; kq < HDP / 8; kq++) {
-                            const float4 y = ld_cg4(x + kq * 128);
-                            oacc[4 * kq] = oacc[4 * kq] * a0 + y.x * e0;
-                            oacc[4 * kq + 1] = oacc[4 * kq + 1] * a0 + y.y * e0;
-                            oacc[4 * kq + 2] = oacc[4 * kq + 2] * a1 + y.z * e1;
-                            oacc[4 * kq + 3] = oacc[4 * kq + 3] * a1 + y.w * e1;
-                        }
-                        lrow0 = lrow0 * a0 + ml.z * e0;
-                        lrow1 = lrow1 * a1 + ml.w * e1;
-                        mrow0 = n0;
-                        mrow1 = n1;
-                    }
-                    // This launch's merges: all warps of every split item's two warpgroups. The last one
-                    // hands the workspace back (counts at 0 for the next launch).
-                    int split = 0;
-                    for (int rr = lane; rr < sR; rr += 32) split += sk_block(rr * tk) != sk_block(rr * tk + tk - 1);
-                    split = __reduce_add_sync(0xffffffff, split);
-                    if (lane == 0) {
-                        *cnt = 0u;
-                        __threadfence();
-                        if (atomicAdd(&ks_sk_done, 1u) + 1 == (unsigned)(split * NWG * 4)) {
-                            ks_sk_done = 0u;
-                            __threadfence();
-                            atomicExch(&ks_sk_tag, 0ull);
-                        }
+                        for (int kq = 0; kq < HDP / 8; kq++)
+                            mine[kq * 128] = make_float4(oacc[4 * kq], oacc[4 * kq + 1], oacc[4 * kq + 2], oacc[4 * kq + 3]);
+                        mine[(HDP / 8) * 128] = make_float4(mrow0, mrow1, lrow0, lrow1);
+                        continue;
                     }
                 }
 #endif
@@ -1346,6 +1308,77 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 }
 #endif
         }
+#if SK
+        // sk_merge: for each of the block's pieces of a split item, each warp counts its rows' partial
+        // result as landed; the warp that lands an item's last piece reads every piece's (its own too),
+        // merges them and stores the rows. The last merge of the launch hands the workspace back.
+        if (tail) {
+            __threadfence();
+            __syncwarp();
+            const int b = blockIdx.x;
+            int u = sk_at(b), j = 0;
+            const int ue = sk_at(b + 1);
+#pragma unroll 1
+            for (; u < ue; j++) {
+                const int r = u / ntk, ta = u - r * ntk, tb = min(ntk, ta + (ue - u));
+                u += tb - ta;
+                if (ta == 0 && tb == ntk) continue;  // a whole item, stored in the loop
+                const int u0 = r * ntk, bf = sk_block(u0), bl = sk_block(u0 + ntk - 1);  // the item's pieces' blocks
+                unsigned* const cnt = ks_sk_cnt + (r * NWG + c) * 4 + warp;
+                unsigned got = 0;
+                if (lane == 0) got = atomicAdd(cnt, 1u);
+                if ((int)__shfl_sync(0xffffffff, got, 0) < bl - bf) continue;  // pieces still out
+                __threadfence();
+                float acc[HDP / 2], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+#pragma unroll
+                for (int i = 0; i < HDP / 2; i++) acc[i] = 0.f;
+#pragma unroll 1
+                for (int bb = bf; bb <= bl; bb++) {
+                    const float4* const x = sk_slot(bb, sk_at(bb) >= u0 ? 0 : 1, c, tid & 127);
+                    const float4 ml = ld_cg4(x + (HDP / 8) * 128);
+                    const float n0 = fmaxf(m0, ml.x), n1 = fmaxf(m1, ml.y);
+                    const float a0 = ex2(m0 - n0), a1 = ex2(m1 - n1), e0 = ex2(ml.x - n0), e1 = ex2(ml.y - n1);
+#pragma unroll
+                    for (int kq = 0; kq < HDP / 8; kq++) {
+                        const float4 y = ld_cg4(x + kq * 128);
+                        acc[4 * kq] = acc[4 * kq] * a0 + y.x * e0;
+                        acc[4 * kq + 1] = acc[4 * kq + 1] * a0 + y.y * e0;
+                        acc[4 * kq + 2] = acc[4 * kq + 2] * a1 + y.z * e1;
+                        acc[4 * kq + 3] = acc[4 * kq + 3] * a1 + y.w * e1;
+                    }
+                    l0 = l0 * a0 + ml.z * e0;
+                    l1 = l1 * a1 + ml.w * e1;
+                    m0 = n0;
+                    m1 = n1;
+                }
+                int bh, mb;
+                work_item(sched.F * G + r, nM, cz, bh, mb);
+                const int rr0 = mb * BLOCK_M + 64 * c + 16 * warp + g;
+                const float i0 = 1.f / l0, i1 = 1.f / l1;
+                unsigned short* const orow = o + qo_row(bh, rr0, Hn, L);
+                const long long ors = QO_LHD ? (long long)Hn * HD : HD;
+#pragma unroll
+                for (int jj = 0; jj < HD / 8; jj++) {
+                    if (rr0 < Ln) *(unsigned*)(orow + jj * 8 + 2 * qd) = pack2(acc[4 * jj] * i0, acc[4 * jj + 1] * i0);
+                    if (rr0 + 8 < Ln) *(unsigned*)(orow + ors * 8 + jj * 8 + 2 * qd) = pack2(acc[4 * jj + 2] * i1, acc[4 * jj + 3] * i1);
+                }
+                // This launch's merges: all warps of every split item's two warpgroups. The last one
+                // hands the workspace back (counts at 0 for the next launch).
+                int split = 0;
+                for (int q = lane; q < R; q += 32) split += sk_block(q * ntk) != sk_block(q * ntk + ntk - 1);
+                split = __reduce_add_sync(0xffffffff, split);
+                if (lane == 0) {
+                    *cnt = 0u;
+                    __threadfence();
+                    if (atomicAdd(&ks_sk_done, 1u) + 1 == (unsigned)(split * NWG * 4)) {
+                        ks_sk_done = 0u;
+                        __threadfence();
+                        atomicExch(&ks_sk_tag, 0ull);
+                    }
+                }
+            }
+        }
+#endif
     }
 #if MC
     // Neither block leaves while the other may still arrive on its barriers (its consumers' last
