@@ -73,12 +73,6 @@ STRESS = {
         {"B": 1, "H": 2, "Hkv": 1, "L": 33, "D": 96, "causal": 0},
         {"B": 2, "H": 4, "Hkv": 1, "L": 520, "D": 128, "causal": 0},
         {"B": 1, "H": 4, "Hkv": 2, "L": 300, "D": 64, "causal": 0},
-        # flash_ws SK=1 on 132 blocks (items of at least 8 key tiles cut into ranges of about 4): 136
-        # items (4 left over, each in 2 pieces), 140 (8 left over, ranges across two items), 800 at
-        # head size 96 (8 left over)
-        {"B": 1, "H": 17, "Hkv": 1, "L": 1024, "D": 64, "causal": 0},
-        {"B": 1, "H": 14, "Hkv": 2, "L": 1280, "D": 128, "causal": 0},
-        {"B": 2, "H": 50, "Hkv": 5, "L": 1000, "D": 96, "causal": 0},
     ],
     "mamba_scan": [
         {"batch": 1, "L": 1, "D": 2048, "N": 16},

@@ -25,15 +25,10 @@
 // SM count every SM keeps one block for the whole call and the producer loads the next item's Q
 // and K/V tiles while the consumers finish the last tiles of this one and store its output (Q's
 // buffer is handed back by an mbarrier once both consumers' last S products have completed).
-// SK=1 (a tunable), the split tail: without the mask, where the items do not divide evenly over the
-// blocks, the stride takes the whole rounds and the items left over are cut along their key tiles into
-// one contiguous range a block, so no block runs a whole item more than the others (Sched and the
-// merge at the consumers' end below). A piece short of a whole item leaves its f32 accumulators, row
-// maxima and sums in a workspace of the module's (18 MB at 132 blocks); the warp that lands an item's
-// last piece merges the others' into its own and stores. Launches of one loaded module on several
-// streams take the workspace in turn (a tag holds the launch's output pointer), a wait over 2 s traps.
-// Checked by the PTX interpreter (pieces of one tile, ranges across two items, head sizes 64 / 96 /
-// 128, both units), which fails builds whose merge drops pieces or reads another piece's slot.
+// A split tail (SK: the items left after the whole rounds cut along their key tiles into a range a block,
+// partial results merged through a workspace by the warp that lands an item's last piece) was built, checked
+// by the PTX interpreter and the GPU stress suite, and timed 4-8% slower on every shape, causal ones where it
+// cut nothing included (H100, 2026-12-06, bench/h100-2026-12-06-softmax-diag-sk.txt): not kept.
 // Tunables: HD (== D), BLOCK_N (keys per tile: 64, 128, 160, 176 or 192), STAGES (K/V buffers: 2-4, as
 // shared memory allows), KVS (K and V of a stage released apart), PP (ping-pong: 0 or 1), CTAS (blocks: the GPU's SM count, 132 on an H100/H200
 // SXM; a value above the items gives one item per block, the launch of the kernel before it was
@@ -207,12 +202,6 @@
 #ifndef MC
 #define MC 0
 #endif
-#ifndef SK
-#define SK 0
-#endif
-#if SK != 0 && SK != 1
-#error "SK must be 0 or 1"
-#endif
 #if MC != 0 && MC != 1
 #error "MC must be 0 or 1"
 #endif
@@ -335,7 +324,9 @@ __device__ __forceinline__ float ex2_fma(float x) {
 // The softmax's exponentials of n8 chunk cc: EMU chunks of every 8 on the FMA pipe, the rest on MUFU.
 // KS_DIAG_SOFTMAX (a timing diagnostic, not a tunable: its output is wrong; bench/attention_ab.sh with
 // DEFS_B and KS_TIME_WRONG=1): 1, each exponential replaced by its argument (no MUFU); 2, no softmax at all
-// (P is S rounded to f16, the output never rescaled). What the softmax costs a tile, beside the products.
+// (P is S rounded to f16, the output never rescaled). What the softmax costs a tile, beside the products:
+// H100, 2026-12-06 (bench/h100-2026-12-06-softmax-diag-sk.txt), 4,32,2048,128 without the mask 409.6 us with 1
+// and 362.9 with 2 against 436.0-436.2 at the defaults (6.1% and 16.8% less; causal shapes 15-17% less with 2).
 #ifndef KS_DIAG_SOFTMAX
 #define KS_DIAG_SOFTMAX 0
 #endif
@@ -384,56 +375,6 @@ __device__ __forceinline__ void mbar_arrive_at(unsigned a, unsigned rank) {
     unsigned r;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(r) : "memory");
-}
-#endif
-
-#if SK
-// ---- the split tail (SK=1) ----
-// One workspace per loaded module: two slots a block (its first and last piece of the tail), each a
-// consumer thread's output accumulators, running maxima and sums in fragment order (SK_F4 16-byte words a
-// thread, word k of thread t at (k * 128 + t) of its warpgroup's part), so a thread writes and reads
-// only its own fragment's words, 16 bytes a lane, whole lines a warp.
-#define SK_MAXB 132
-#define SK_F4 (HDP / 8 + 1)
-// Tiles a piece holds at least, and an item has at least twice over to be cut: a piece pays a Q load, a
-// pipeline fill and drain and its part of a merge (H100, 2026-12-06: with one-tile pieces 4,32,8,300,128
-// went from 26.8 to 39.8 us).
-#define SK_MIN 4
-__device__ float4 ks_sk_ws[2 * SK_MAXB * NWG * SK_F4 * 128];
-// Per (tail item, consumer warpgroup, warp): pieces of that item whose partial results have landed.
-// The warp that lands the last one merges and stores, then puts the count back to 0 for the next launch.
-__device__ unsigned ks_sk_cnt[SK_MAXB * NWG * 4];
-// The workspace's owner: the output pointer of the launch whose tail is using it (0: free), and the
-// merges done so far. Launches of one module on several streams whose tails meet take it in turn.
-__device__ unsigned long long ks_sk_tag;
-__device__ unsigned ks_sk_done;
-__device__ __forceinline__ unsigned long long globaltimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
-// Block b's slot j (its first or second piece of the tail): consumer warpgroup c's thread t's words.
-__device__ __forceinline__ float4* sk_slot(int b, int j, int c, int t) {
-    return ks_sk_ws + ((2 * b + j) * NWG + c) * (SK_F4 * 128) + t;
-}
-// Take the workspace for the launch writing `o` (the producer's issuing thread, before the block's first
-// piece of a split item): free, or already this launch's. Another launch's tail (another stream) holds
-// it only until its last merge: wait, and fail loudly (a trap) after 2 s rather than hang.
-__device__ __forceinline__ void sk_claim(unsigned long long me) {
-    unsigned long long t0 = 0;
-    for (;;) {
-        const unsigned long long was = atomicCAS(&ks_sk_tag, 0ull, me);
-        if (was == 0ull || was == me) break;
-        if (t0 == 0) t0 = globaltimer();
-        else if (globaltimer() - t0 > 2000000000ull) __trap();
-        __nanosleep(1000);
-    }
-    __threadfence();  // the other launch's reads of the workspace before this one's writes
-}
-__device__ __forceinline__ float4 ld_cg4(const float4* p) {
-    float4 r;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p));
-    return r;
 }
 #endif
 
@@ -703,42 +644,6 @@ __device__ __forceinline__ void small_rows(const unsigned short* __restrict__ q,
     }
 }
 
-// A block's pieces of work, in order: the items its stride takes (groups of `per` from blockIdx.x on,
-// gridDim.x apart, below dpg), then (SK, where `tail`) its range [u, ue) of the split tail's key-tile
-// units, R items of ntk tiles from item F * G on. next(w, ta, tb, last): item w, its key tiles from ta
-// up to tb (1 << 30: all), whether this is the block's last piece; false after the last. One call site,
-// so the tiled body is built once.
-struct Sched {
-    int dpg, per, items, G;
-    bool tail;
-    int F, ntk, u, ue;
-    int p, w;  // the stride's cursor
-    __device__ __forceinline__ bool next(int& wi, int& ta, int& tb, bool& last) {
-        if (p < dpg) {
-            const int wend = min(per * p + per, items);
-            wi = w;
-            ta = 0;
-            tb = 1 << 30;
-            last = !tail && p + G >= dpg && w + 1 == wend;
-            if (++w == wend) {
-                p += G;
-                w = per * p;
-            }
-            return true;
-        }
-        if (tail && u < ue) {
-            const int r = u / ntk;
-            ta = u - r * ntk;
-            tb = min(ntk, ta + (ue - u));
-            u += tb - ta;
-            wi = F * G + r;
-            last = u >= ue;
-            return true;
-        }
-        return false;
-    }
-};
-
 __device__ __forceinline__ void work_item(int w, int nM, int causal, int& bh, int& mb) {
     bh = w / nM;
     const int j = w - bh * nM;
@@ -805,36 +710,6 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         return (bh / Hn) * (int)Hkv + (bh % Hn) / grp;
     };
     auto shared_pair = [&](int w) { return mcx && (w ^ 1) < items && kv_head(w) == kv_head(w ^ 1); };
-    // SK=1, the split tail: without the mask, where the items do not divide evenly over the blocks (F
-    // whole rounds and R items left), the stride takes the F rounds and the R items' key tiles (U units)
-    // are cut into P contiguous ranges, one a block (block b: units [sk_at(b), sk_at(b + 1))), so every
-    // block ends within a tile of the others where R of them ran a whole item more (4,32,2048,128 on 132
-    // blocks: 2048 items, 16 rounds of which the last holds 68; 5,16,1,513,128: 400 items, 4 rounds, the
-    // last 4). A range is shorter than an item, so it holds at most two pieces, each of which stores
-    // its output where it covers a whole item, or else its partial result (accumulators, maxima, sums)
-    // in the workspace; the warp that lands an item's last piece merges the others into its own and
-    // stores (sk_merge below). The body's pieces: (item w, key tiles [ta, min(tb, the item's tiles)),
-    // this block's last piece).
-    const int G = (int)gridDim.x;
-#if SK
-    const bool skx = !cz && !mcx && items > G && items % G != 0 && G <= SK_MAXB && ntk >= 2 * SK_MIN &&
-                     (long long)(items % G) * ntk * G < (1ll << 31);
-#else
-    const bool skx = false;
-#endif
-    const int F = items / G, R = items - F * G, U = skx ? R * ntk : 0;
-#if SK
-    const int P = min(G, U / SK_MIN);
-#else
-    const int P = 0;
-#endif
-    auto sk_at = [&](int b) { return P ? b * U / P : 0; };
-    auto sk_block = [&](int u) { return U ? ((u + 1) * P - 1) / U : 0; };  // the block whose range holds unit u
-    const int dpg = skx ? F * G : groups;    // groups the stride takes
-    const bool tail = skx && (int)blockIdx.x < P;  // this block has pieces of the split tail
-    const int p0 = blockIdx.x;
-    const Sched sched{dpg, per, items, G, tail, F, ntk, tail ? sk_at(p0) : 0, tail ? sk_at(p0 + 1) : 0,
-                      p0, per * p0};
     if (tid == 0) {
         for (int st = 0; st < ST; st++) {
             mbar_init(sBar + 8 * st, TM ? 1 : PT);
@@ -921,38 +796,25 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
 #endif
         }
 #endif
-        int T = 0, n = 0;  // tiles and pieces this block has loaded
-#if SK
-        bool claimed = false;  // the workspace is this launch's
-#endif
-        Sched cur = sched;
-        int w, ta, tb;
-        bool last;
+        int T = 0, n = 0;  // tiles and items this block has loaded
+        if (issuer)
+        for (int p = blockIdx.x; p < groups; p += gridDim.x) {
+            const int wend = min(per * p + per, items);
 #pragma unroll 1
-        while (issuer && cur.next(w, ta, tb, last)) {
+            for (int w = per * p; w < wend; w++, n++) {
                 int bh, mb;
                 work_item(w, nM, cz, bh, mb);
-                const int m0 = mb * BLOCK_M, t1 = min(tb, tiles(m0));
+                const int m0 = mb * BLOCK_M, nt = tiles(m0);
                 const long long kvh = (long long)(bh / Hn) * Hkv + (bh % Hn) / grp;  // key/value head
                 const bool mce = shared_pair(w);  // MC: this block loads its half of each tile into both
-                if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous piece's S products are done
-                n++;
-#if SK
-                // The block's first piece of a split item: the workspace is this launch's before any
-                // of its tiles (so any consumer's write of a partial result) is loaded.
-                if ((ta > 0 || tb < ntk) && !claimed) {
-                    claimed = true;
-                    if (tid == 0) sk_claim((unsigned long long)o);
-                    if constexpr (!TM) asm volatile("bar.sync 3, %0;\n" ::"n"(PT) : "memory");
-                }
-#endif
+                if (n > 0) mbar_wait(sQe, (n - 1) & 1);  // the previous item's S products are done
                 const unsigned short* Kg = k + kvh * L * HD;
                 const unsigned short* Vg = v + kvh * L * HD;
                 // Q's copies complete the full barrier of the item's first tile too.
                 if constexpr (!TM)
                     load_tile<BLOCK_M, false>(sQ, q + qo_row(bh, m0, Hn, L), Ln - m0, tid, QO_LHD ? (long long)Hn * HD : HD);
 #pragma unroll 1
-                for (int t = ta; t < t1; t++, T++) {
+                for (int t = 0; t < nt; t++, T++) {
                     const int st = T % ST;
                     const unsigned ph = (T / ST - 1) & 1;  // the phase of the stage's previous tile
                     if (T >= ST) mbar_wait(emptyK(T), ph);  // MC: both blocks' consumers where mcx
@@ -962,8 +824,8 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                         // Every box lands whole (out-of-bounds elements as zeros), so the bytes are
                         // fixed; Q's boxes complete the full barrier of the item's first tile too.
                         const unsigned fb = fullK(T), fv = fullV(T);
-                        mbar_expect_tx(fb, (KV ? 1 : 2) * TILE_B + (t == ta ? Q_BYTES : 0));
-                        if (t == ta) {
+                        mbar_expect_tx(fb, (KV ? 1 : 2) * TILE_B + (t == 0 ? Q_BYTES : 0));
+                        if (t == 0) {
 #pragma unroll
                             for (int jb = 0; jb < HDP / 64; jb++) {
 #if QO_LHD
@@ -1013,6 +875,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                         mbar_arrive_cp(fullV(T));
                     }
                 }
+            }
         }
         if constexpr (!TM) cp_wait_all();  // nothing of this block in flight when the producer exits
     } else {
@@ -1182,18 +1045,15 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
 #if PP
         if (c == 1) nbar_arrive<1>();  // warpgroup 0 takes the first turn
 #endif
-        int T0 = 0;  // the block's tiles before this piece
-#if SK
-        int jt = 0;  // the block's pieces of the split tail so far
-#endif
-        Sched cur = sched;
-        int w, ta, tb;
-        bool last;
+        int T0 = 0;  // the block's tiles before this item
+        for (int p = blockIdx.x; p < groups; p += gridDim.x) {
+            const int wend = min(per * p + per, items);
+            const bool last_group = p + (int)gridDim.x >= groups;
 #pragma unroll 1
-        while (cur.next(w, ta, tb, last)) {
+            for (int w = per * p; w < wend; w++) {
                 int bh, mb;
                 work_item(w, nM, cz, bh, mb);
-                const int m0 = mb * BLOCK_M, nt = min(tb, tiles(m0)) - ta;  // the piece's tiles: ta .. ta + nt - 1
+                const int m0 = mb * BLOCK_M, nt = tiles(m0);
                 mce = shared_pair(w);
                 wrow0 = m0 + 64 * c;
                 r0 = wrow0 + 16 * warp + g;
@@ -1213,7 +1073,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 pin<BN / 2>(s);
                 release_k(T0);
                 if (nt == 1) release_q();
-                softmax(ta);
+                softmax(0);
                 pack_p();
 #pragma unroll 1
                 for (int t = 1; t < nt; t++) {
@@ -1230,7 +1090,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     pin<BN / 2>(s);
                     release_k(T0 + t);
                     if (t == nt - 1) release_q();
-                    softmax(ta + t);
+                    softmax(t);
                     wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc
                     pin<HDP / 2>(oacc);
                     release(T0 + t - 1);
@@ -1251,7 +1111,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 turn_begin();
                 wg_fence();
                 issue_pv(T0 + nt - 1);
-                turn_end(last);
+                turn_end(last_group && w + 1 == wend);
                 wg_wait<0>();
                 pin<HDP / 2>(oacc);
                 release(T0 + nt - 1);
@@ -1260,22 +1120,6 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 2);
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 2);
-#if SK
-                // A piece of a split item (SK): this warp's rows' partial result goes to the block's slot for
-                // the piece (its jt-th of the tail: 0 or 1), merged and stored after the loop (sk_merge), so
-                // the loop carries no more than these stores.
-                if (tb < (1 << 30)) {
-                    const int j = jt++;
-                    if (ta > 0 || tb < ntk) {
-                        float4* const mine = sk_slot(blockIdx.x, j, c, tid & 127);
-#pragma unroll
-                        for (int kq = 0; kq < HDP / 8; kq++)
-                            mine[kq * 128] = make_float4(oacc[4 * kq], oacc[4 * kq + 1], oacc[4 * kq + 2], oacc[4 * kq + 3]);
-                        mine[(HDP / 8) * 128] = make_float4(mrow0, mrow1, lrow0, lrow1);
-                        continue;
-                    }
-                }
-#endif
                 const float i0 = 1.f / lrow0, i1 = 1.f / lrow1;
                 const long long ors = QO_LHD ? (long long)Hn * HD : HD;  // output row stride
                 const bool ok0 = r0 < Ln, ok1 = r0 + 8 < Ln;
@@ -1307,78 +1151,8 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     if (ok1) *(unsigned*)(o + qo_row(bh, r0, Hn, L) + ors * 8 + j * 8 + 2 * qd) = pack2(oacc[4 * j + 2] * i1, oacc[4 * j + 3] * i1);
                 }
 #endif
-        }
-#if SK
-        // sk_merge: for each of the block's pieces of a split item, each warp counts its rows' partial
-        // result as landed; the warp that lands an item's last piece reads every piece's (its own too),
-        // merges them and stores the rows. The last merge of the launch hands the workspace back.
-        if (tail) {
-            __threadfence();
-            __syncwarp();
-            const int b = blockIdx.x;
-            int u = sk_at(b), j = 0;
-            const int ue = sk_at(b + 1);
-#pragma unroll 1
-            for (; u < ue; j++) {
-                const int r = u / ntk, ta = u - r * ntk, tb = min(ntk, ta + (ue - u));
-                u += tb - ta;
-                if (ta == 0 && tb == ntk) continue;  // a whole item, stored in the loop
-                const int u0 = r * ntk, bf = sk_block(u0), bl = sk_block(u0 + ntk - 1);  // the item's pieces' blocks
-                unsigned* const cnt = ks_sk_cnt + (r * NWG + c) * 4 + warp;
-                unsigned got = 0;
-                if (lane == 0) got = atomicAdd(cnt, 1u);
-                if ((int)__shfl_sync(0xffffffff, got, 0) < bl - bf) continue;  // pieces still out
-                __threadfence();
-                float acc[HDP / 2], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-#pragma unroll
-                for (int i = 0; i < HDP / 2; i++) acc[i] = 0.f;
-#pragma unroll 1
-                for (int bb = bf; bb <= bl; bb++) {
-                    const float4* const x = sk_slot(bb, sk_at(bb) >= u0 ? 0 : 1, c, tid & 127);
-                    const float4 ml = ld_cg4(x + (HDP / 8) * 128);
-                    const float n0 = fmaxf(m0, ml.x), n1 = fmaxf(m1, ml.y);
-                    const float a0 = ex2(m0 - n0), a1 = ex2(m1 - n1), e0 = ex2(ml.x - n0), e1 = ex2(ml.y - n1);
-#pragma unroll
-                    for (int kq = 0; kq < HDP / 8; kq++) {
-                        const float4 y = ld_cg4(x + kq * 128);
-                        acc[4 * kq] = acc[4 * kq] * a0 + y.x * e0;
-                        acc[4 * kq + 1] = acc[4 * kq + 1] * a0 + y.y * e0;
-                        acc[4 * kq + 2] = acc[4 * kq + 2] * a1 + y.z * e1;
-                        acc[4 * kq + 3] = acc[4 * kq + 3] * a1 + y.w * e1;
-                    }
-                    l0 = l0 * a0 + ml.z * e0;
-                    l1 = l1 * a1 + ml.w * e1;
-                    m0 = n0;
-                    m1 = n1;
-                }
-                int bh, mb;
-                work_item(sched.F * G + r, nM, cz, bh, mb);
-                const int rr0 = mb * BLOCK_M + 64 * c + 16 * warp + g;
-                const float i0 = 1.f / l0, i1 = 1.f / l1;
-                unsigned short* const orow = o + qo_row(bh, rr0, Hn, L);
-                const long long ors = QO_LHD ? (long long)Hn * HD : HD;
-#pragma unroll
-                for (int jj = 0; jj < HD / 8; jj++) {
-                    if (rr0 < Ln) *(unsigned*)(orow + jj * 8 + 2 * qd) = pack2(acc[4 * jj] * i0, acc[4 * jj + 1] * i0);
-                    if (rr0 + 8 < Ln) *(unsigned*)(orow + ors * 8 + jj * 8 + 2 * qd) = pack2(acc[4 * jj + 2] * i1, acc[4 * jj + 3] * i1);
-                }
-                // This launch's merges: all warps of every split item's two warpgroups. The last one
-                // hands the workspace back (counts at 0 for the next launch).
-                int split = 0;
-                for (int q = lane; q < R; q += 32) split += sk_block(q * ntk) != sk_block(q * ntk + ntk - 1);
-                split = __reduce_add_sync(0xffffffff, split);
-                if (lane == 0) {
-                    *cnt = 0u;
-                    __threadfence();
-                    if (atomicAdd(&ks_sk_done, 1u) + 1 == (unsigned)(split * NWG * 4)) {
-                        ks_sk_done = 0u;
-                        __threadfence();
-                        atomicExch(&ks_sk_tag, 0ull);
-                    }
-                }
             }
         }
-#endif
     }
 #if MC
     // Neither block leaves while the other may still arrive on its barriers (its consumers' last
