@@ -144,6 +144,31 @@ def schedule(block):
     return t
 
 
+def pv_waits(ins):
+    """Where a wgmma kernel that overlaps its softmax with a product in flight waits for that product:
+    after each `WARPGROUP.DEPBAR.LE gsb0, 0x1` (the newest group, S, has landed; one older group, the PV
+    product, may still run), the MUFU.EX2 issued before a `DEPBAR.LE gsb0, 0x0` (the wait for everything)
+    and after it, up to the next branch or HGMMA; a loop body compiled twice (masked and plain tiles)
+    gives one pair per copy. (before, after) per wait, in program order: a softmax that overlaps the
+    product has its exponentials before the wait."""
+    out, state = [], None
+    for x in ins:
+        t = x["text"]
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in t:
+            state = [0, 0, False]
+        elif state is None:
+            continue
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in t and not state[2]:
+            state[2] = True
+        elif "MUFU.EX2" in t:
+            state[1 if state[2] else 0] += 1
+        elif "HGMMA" in opname(t) or (state[2] and opname(t) == "BRA"):
+            if state[2]:
+                out.append((state[0], state[1]))
+            state = None if "HGMMA" in opname(t) else [0, 0, False]
+    return out
+
+
 def census(task_name, kname, fix, per):
     path, cfg = cubin(task_name, kname, fix)
     res = subprocess.run([tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True).stdout
@@ -161,7 +186,8 @@ def census(task_name, kname, fix, per):
               for x in hot if opname(x["text"]).split(".")[0] in ("LDS", "STS", "SHFL"))
     units = float(eval(per, {"__builtins__": {}}, dict(cfg))) if per else None
     return {"cfg": fix or "defaults", "regs": int(m.group(1)) if m else -1, "local": int(m.group(2)) if m else -1,
-            "n": len(hot), "units": units, "mio": mio, "sched": schedule(hot), "mix": mix, "blocks": bl}
+            "n": len(hot), "units": units, "mio": mio, "sched": schedule(hot), "mix": mix, "blocks": bl,
+            "pv_waits": pv_waits(ins)}
 
 
 def main():
@@ -172,6 +198,9 @@ def main():
     ap.add_argument("--per", default="", help="units of work one pass of the hot block does, e.g. 'K*16'")
     ap.add_argument("--blocks", type=int, default=0, metavar="N",
                     help="also list every straight-line block of at least N instructions (address, size, one-warp schedule, mix)")
+    ap.add_argument("--waits", action="store_true",
+                    help="also list, for each S product waited on while a PV product runs, the exponentials "
+                         "issued before and after the wait for that PV product (pv_waits)")
     a = ap.parse_args()
     os.environ.setdefault("KS_CUBIN_DIR", os.path.join(cd.ROOT, ".cubins"))
     hdr = f"{'configuration':34s} {'regs':>4s} {'local':>5s} {'instr':>6s} {'shared':>6s} {'1-warp':>7s}"
@@ -185,6 +214,9 @@ def main():
             u = c["units"]
             line += f" {c['n'] / u:7.2f} {c['mio'] / u:8.2f} {c['sched'] / u:6.1f}"
         print(line + "  " + " ".join(f"{k} {v}" for k, v in c["mix"].most_common(8)))
+        if a.waits:
+            print("    exponentials before / after the PV wait: "
+                  + ", ".join(f"{b}/{af}" for b, af in c["pv_waits"]))
         if a.blocks:
             for b in c["blocks"]:
                 if len(b) >= a.blocks:

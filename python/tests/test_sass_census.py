@@ -71,3 +71,14 @@ def test_census_of_warp_scan_sees_one_shuffle_less_per_state_with_cq(tools):
     # and one multiply more per step and state (Cm times the decay product)
     assert cq["mix"]["FMUL"] - base["mix"]["FMUL"] == 128
     assert base["sched"] >= base["n"] and base["mio"] >= base["mix"]["SHFL"]
+
+
+def test_flash_ws_softmax_runs_before_the_wait_for_its_pv_product_with_ms(tools):
+    # MS 1: each copy of the loop body (masked and plain tiles) issues all 66 exponentials of a
+    # 128-key tile (64 probabilities, two rescale factors) before it waits for the PV product of the
+    # tile before, so the softmax overlaps that product. With one body (MS 0) ptxas put the wait at the
+    # top of the block after the masking branch, before every exponential.
+    ms = sc.census("attention", "flash_ws", "MS=1,WIDE=0", "")["pv_waits"]
+    assert ms == [(66, 0), (66, 0)], ms
+    one = sc.census("attention", "flash_ws", "MS=0,WIDE=0", "")["pv_waits"]
+    assert len(one) == 1 and one[0][0] < 66, one
