@@ -217,21 +217,6 @@
 #if EMU < 0 || EMU > 3
 #error "EMU must be 0, 1, 2 or 3"
 #endif
-#ifndef MS
-#define MS 0
-#endif
-#if MS != 0 && MS != 1
-#error "MS must be 0 or 1"
-#endif
-#ifndef QR
-#define QR 0
-#endif
-#if QR != 0 && QR != 1
-#error "QR must be 0 or 1"
-#endif
-#if QR && DA
-#error "QR takes DA 0"
-#endif
 #ifndef PREG
 #define PREG 24
 #endif
@@ -342,6 +327,12 @@ __device__ __forceinline__ float ex2_fma(float x) {
 // (P is S rounded to f16, the output never rescaled). What the softmax costs a tile, beside the products:
 // H100, 2026-12-06 (bench/h100-2026-12-06-softmax-diag-sk.txt), 4,32,2048,128 without the mask 409.6 us with 1
 // and 362.9 with 2 against 436.0-436.2 at the defaults (6.1% and 16.8% less; causal shapes 15-17% less with 2).
+// KS_DIAG_PVSS (a timing diagnostic, not a tunable: its output is wrong): 1, the PV products take their A
+// operand from shared memory (Q's buffer) instead of P in registers, P still computed and kept live:
+// what the register-operand products cost beside the softmax.
+#ifndef KS_DIAG_PVSS
+#define KS_DIAG_PVSS 0
+#endif
 #ifndef KS_DIAG_SOFTMAX
 #define KS_DIAG_SOFTMAX 0
 #endif
@@ -504,6 +495,13 @@ __device__ __forceinline__ void wgmma_ss_n128(float* d, unsigned long long da, u
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(sd));
 }
+// KS_DIAG_PVSS: O += A V with A from shared memory (V MN-major: imm-trans-b = 1).
+__device__ __forceinline__ void wgmma_ss_n128_tb(float* d, unsigned long long da, unsigned long long db, int sd) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(sd));
+}
 __device__ __forceinline__ void wgmma_ss_n160(float* d, unsigned long long da, unsigned long long db, int sd) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, %80, %81, p, 1, 1, 0, 0;\n}\n"
@@ -537,20 +535,6 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, un
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// QR: S = Q K^T with Q's fragment in registers (A from registers, K K-major in shared memory: imm-trans-b = 0).
-__device__ __forceinline__ void wgmma_rs_n64_kb(float* d, const unsigned* a, unsigned long long db, int sd) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sd));
-}
-__device__ __forceinline__ void wgmma_rs_n128_kb(float* d, const unsigned* a, unsigned long long db, int sd) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(sd));
-}
-
 
 // Descriptors: K-major Q and K (LBO unused, SBO 1024 between 8-row atoms; a k-step moves 32 bytes
 // inside the 128-byte rows, a 64-column block moves ROWS * 128), MN-major V (LBO BLOCK_N * 128
@@ -572,10 +556,6 @@ template <int N> __device__ __forceinline__ void wgmma_s(float* d, unsigned long
     else if (N == 160) wgmma_ss_n160(d, da, db, sd);
     else if (N == 128) wgmma_ss_n128(d, da, db, sd);
     else wgmma_ss_n64(d, da, db, sd);
-}
-template <int N> __device__ __forceinline__ void wgmma_s_rs(float* d, const unsigned* a, unsigned long long db, int sd) {
-    if (N == 128) wgmma_rs_n128_kb(d, a, db, sd);
-    else wgmma_rs_n64_kb(d, a, db, sd);
 }
 #if HDP == 128
 #define WGMMA_O wgmma_rs_n128_tb
@@ -920,25 +900,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         float oacc[HDP / 2];
         float s[BN / 2];
         unsigned pprev[BN / 4];
-        // QR (key tiles of at most 128): this thread's fragment of its warp's 16 Q rows, the A operand of
-        // every S product of the item, read from shared memory once the item's first tile (with Q) has
-        // landed. k-step kk: rows g and g + 8, columns 16kk + 2qd (+1) and 16kk + 8 + 2qd (+1), as pack_p
-        // lays out P.
-        constexpr bool QRT = QR && BN <= 128;
-        unsigned qf[QRT ? HD / 4 : 1];
-        auto load_q = [&]() {
-            if constexpr (QRT) {
-                const int rq = 64 * c + 16 * warp + g;
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        asm volatile("ld.shared.b32 %0, [%1];\n"
-                                     : "=r"(qf[4 * kk + e])
-                                     : "r"(sQ + chunk_off<BLOCK_M>(rq + 8 * (e & 1), 2 * kk + (e >> 1)) + 4 * qd)
-                                     : "memory");
-            }
-        };
+        unsigned psink = 0u;  // KS_DIAG_PVSS
 #pragma unroll
         for (int i = 0; i < BN / 4; i++) pprev[i] = 0u;
         float mrow0, mrow1, lrow0, lrow1, al0 = 1.f, al1 = 1.f;
@@ -1012,23 +974,31 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         auto issue_s = [&](int T) {
             const unsigned kb = sKV + 2 * (T % ST) * TILE_B;
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                if constexpr (QRT) wgmma_s_rs<BN>(s, qf + 4 * kk, mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
-                else wgmma_s<BN>(s, mdesc(qbase + Q_KSTEP(kk), KM_LBO, KM_SBO), mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
-            }
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma_s<BN>(s, mdesc(qbase + Q_KSTEP(kk), KM_LBO, KM_SBO), mdesc(kb + K_KSTEP(kk), KM_LBO, KM_SBO), kk);
             wg_commit();
         };
         auto issue_pv = [&](int T) {
             const unsigned vb = sKV + 2 * (T % ST) * TILE_B + TILE_B;
+#if KS_DIAG_PVSS
+            if constexpr (BN == 128 && HDP == 128) {
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; kk++)
+                    wgmma_ss_n128_tb(oacc, mdesc(qbase + Q_KSTEP(kk), KM_LBO, KM_SBO), mdesc(vb + V_KSTEP(kk), MN_LBO, MN_SBO), 1);
+                wg_commit();
+                // P stays live in the machine code (ptxas drops dead products, S's too): folded into a
+                // word stored only where it takes a value it never takes.
+#pragma unroll
+                for (int i = 0; i < BN / 4; i++) psink ^= pprev[i];
+                return;
+            }
+#endif
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) WGMMA_O(oacc, pprev + 4 * kk, mdesc(vb + V_KSTEP(kk), MN_LBO, MN_SBO));
             wg_commit();
         };
 #endif
-        // Tile t has keys this warp's rows must not see: past the diagonal, past L.
-        auto diag_of = [&](int t) { return cz && t * BN + BN - 1 > wrow0 + 16 * warp; };
-        auto masked_tile = [&](int t) { return diag_of(t) || t * BN + BN > Ln; };
-        auto softmax = [&](int t, bool masked) {
+        auto softmax = [&](int t) {
 #if KS_DIAG_SOFTMAX == 2
             al0 = al1 = 1.f;
             return;
@@ -1036,8 +1006,8 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             const int n0 = t * BN;
             // s[4c + e]: row r0 + 8 * (e >> 1), key n0 + 8c + 2qd + (e & 1). Keys from lim0 (row r0)
             // and lim1 (row r0 + 8) on are masked: past the diagonal, past L.
-            const bool diag = diag_of(t);
-            if (masked) {
+            const bool diag = cz && n0 + BN - 1 > wrow0 + 16 * warp;
+            if (diag || n0 + BN > Ln) {
                 const int lim0 = diag ? min(r0 + 1, Ln) : Ln, lim1 = diag ? min(r0 + 9, Ln) : Ln;
 #pragma unroll
                 for (int cc = 0; cc < BN / 8; cc++)
@@ -1099,31 +1069,10 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             if (lane == 0) mbar_arrive(sQe);
         };
 
-        int T0 = 0;  // the block's tiles before this item
-        // The softmax of tile t (its S landed) while the PV product of tile t - 1 is in flight, then
-        // that product's wait, the rescale of the output and P of tile t as the next A operand.
-        auto finish = [&](int t, bool masked) {
-            softmax(t, masked);
-#if MS
-            __syncwarp();  // MS: keeps ptxas from hoisting the wait above the exponentials
-#endif
-            wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc
-            pin<HDP / 2>(oacc);
-            release(T0 + t - 1);
-            if (!RS || resc) {
-#pragma unroll
-                for (int j = 0; j < HDP / 8; j++) {
-                    oacc[4 * j] *= al0;
-                    oacc[4 * j + 1] *= al0;
-                    oacc[4 * j + 2] *= al1;
-                    oacc[4 * j + 3] *= al1;
-                }
-            }
-            pack_p();
-        };
 #if PP
         if (c == 1) nbar_arrive<1>();  // warpgroup 0 takes the first turn
 #endif
+        int T0 = 0;  // the block's tiles before this item
         for (int p = blockIdx.x; p < groups; p += gridDim.x) {
             const int wend = min(per * p + per, items);
             const bool last_group = p + (int)gridDim.x >= groups;
@@ -1143,7 +1092,6 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 for (int i = 0; i < HDP / 2; i++) oacc[i] = 0.f;
 
                 wait_tile(T0);
-                load_q();
                 turn_begin();
                 wg_fence();
                 issue_s(T0);
@@ -1152,7 +1100,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 pin<BN / 2>(s);
                 release_k(T0);
                 if (nt == 1) release_q();
-                softmax(0, masked_tile(0));
+                softmax(0);
                 pack_p();
 #pragma unroll 1
                 for (int t = 1; t < nt; t++) {
@@ -1169,16 +1117,20 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     pin<BN / 2>(s);
                     release_k(T0 + t);
                     if (t == nt - 1) release_q();
-#if MS
-                    // MS: the masked and the plain tile each get the whole rest of the iteration as
-                    // straight-line code, so the wait for the PV product of tile t - 1 can follow the
-                    // softmax; with one body the masking is a branch, and ptxas puts that wait at the
-                    // top of the block after it, before the softmax's exponentials.
-                    if (masked_tile(t)) finish(t, true);
-                    else finish(t, false);
-#else
-                    finish(t, masked_tile(t));
-#endif
+                    softmax(t);
+                    wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc
+                    pin<HDP / 2>(oacc);
+                    release(T0 + t - 1);
+                    if (!RS || resc) {
+#pragma unroll
+                        for (int j = 0; j < HDP / 8; j++) {
+                            oacc[4 * j] *= al0;
+                            oacc[4 * j + 1] *= al0;
+                            oacc[4 * j + 2] *= al1;
+                            oacc[4 * j + 3] *= al1;
+                        }
+                    }
+                    pack_p();
                 }
                 wait_v(T0 + nt - 1);
                 pin<HDP / 2>(oacc);
@@ -1191,6 +1143,9 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 pin<HDP / 2>(oacc);
                 release(T0 + nt - 1);
                 T0 += nt;
+#if KS_DIAG_PVSS
+                if (psink == 0x12345679u) o[0] = 0;
+#endif
                 lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 1);
                 lrow0 += __shfl_xor_sync(0xffffffff, lrow0, 2);
                 lrow1 += __shfl_xor_sync(0xffffffff, lrow1, 1);
