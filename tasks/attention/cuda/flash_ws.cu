@@ -25,6 +25,13 @@
 // SM count every SM keeps one block for the whole call and the producer loads the next item's Q
 // and K/V tiles while the consumers finish the last tiles of this one and store its output (Q's
 // buffer is handed back by an mbarrier once both consumers' last S products have completed).
+// Where ptxas waits for the PV product in flight (bench/sass_census.py --waits): in NVRTC 13's machine code
+// the wait for the PV product of tile t - 1 comes before any of tile t's exponentials (the PTX has it after
+// the softmax; ptxas hoists it to the top of the block after the masking branch), so a warpgroup's softmax
+// overlaps the other's products, not its own. MS (the rest of the iteration twice, for masked and plain
+// tiles, and a warp barrier before that wait) put the wait after all 66 exponentials and was 4-12% slower
+// wherever the tiles run; QR (Q's fragment in registers as the S products' A operand) on top of it slower
+// still (H100, 2026-12-06, bench/h100-2026-12-06-attention-ms-pvss.txt): neither kept.
 // A split tail (SK: the items left after the whole rounds cut along their key tiles into a range a block,
 // partial results merged through a workspace by the warp that lands an item's last piece) was built, checked
 // by the PTX interpreter and the GPU stress suite, and timed 4-8% slower on every shape, causal ones where it
@@ -329,7 +336,9 @@ __device__ __forceinline__ float ex2_fma(float x) {
 // and 362.9 with 2 against 436.0-436.2 at the defaults (6.1% and 16.8% less; causal shapes 15-17% less with 2).
 // KS_DIAG_PVSS (a timing diagnostic, not a tunable: its output is wrong): 1, the PV products take their A
 // operand from shared memory (Q's buffer) instead of P in registers, P still computed and kept live:
-// what the register-operand products cost beside the softmax.
+// what the register-operand products cost beside the softmax. H100, 2026-12-06
+// (bench/h100-2026-12-06-attention-ms-pvss.txt): 429.6 against 424.5 us at 4,32,2048,128 without the mask,
+// 357.8 against 357.2 with KS_DIAG_SOFTMAX=2 as well: no faster, so P through shared memory would not pay.
 #ifndef KS_DIAG_PVSS
 #define KS_DIAG_PVSS 0
 #endif
