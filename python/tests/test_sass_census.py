@@ -73,7 +73,6 @@ def test_census_of_warp_scan_sees_one_shuffle_less_per_state_with_cq(tools):
     assert base["sched"] >= base["n"] and base["mio"] >= base["mix"]["SHFL"]
 
 
-
 # A tile's loop as ptxas lays it out: S waited on (one group, the PV product, still in flight), two
 # exponentials, the wait for everything, one more exponential, then the next products.
 WAITS = """
