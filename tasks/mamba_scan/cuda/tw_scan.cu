@@ -181,6 +181,12 @@
 #ifndef MB
 #define MB 0
 #endif
+#ifndef DT
+#define DT 0
+#endif
+#ifndef YL
+#define YL 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -249,6 +255,15 @@
 #endif
 #if YD && !YS
 #error "YD needs YS"
+#endif
+#if YL != 0 && YL != 1 && YL != 2
+#error "YL must be 0, 1 or 2"
+#endif
+#if YL == 2 && !CV
+#error "YL 2 needs CV"
+#endif
+#if DT && (!YD || DW || !LM || K % G != 0)
+#error "DT needs YD, DW 0, LM 1 and K a multiple of G"
 #endif
 #if A1 && HO
 #error "A1 needs HO 0 (HO's link arrives from every lane)"
@@ -340,7 +355,20 @@ struct __align__(16) Run {      // one run's raw rows
 };
 struct __align__(16) Smem {
     Run ring[W][SL];                // each warp's runs, SL ahead
+#if DT
+    // DT: the warp's current run's delta and delta u, widened once, one row of K steps a channel (padded
+    // by 4 floats, so the 16-byte loads of a warp's CH channels meet no bank conflicts); YS 1 (which DT's
+    // YD needs) leaves ys unused, so they share its space (the launch counts the larger)
+    union {
+        float ys[W][K][YR];
+        struct {
+            float t[CH][K + 4];
+            float u[CH][K + 4];
+        } dt[W];
+    };
+#else
     float ys[W][K][YR];             // each warp's partial y (channel c's state group g at c G + g)
+#endif
     float hx[W][2][CH * NS];        // the state entering a warp's run, by the run's parity (lane l's S at l S)
     float mp[W][CH * NS];           // HS > 1: the map h -> P h + H of a warp's run, for the chain's warp
     float mh[W][CH * NS];
@@ -357,7 +385,7 @@ struct __align__(16) Smem {
 #endif
 };
 // What the launch's shared-memory expression in task.toml counts.
-static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 4 * K * YR + 16 * CH * NS + 16 + CV * 4 * K * NS * (1 + CF) + DW * 8 * K * CH),
+static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + (4 * K * YR > DT * 8 * CH * (K + 4) ? 4 * K * YR : DT * 8 * CH * (K + 4)) + 16 * CH * NS + 16 + CV * 4 * K * NS * (1 + CF) + DW * 8 * K * CH),
               "Smem size");
 
 // S consecutive halves from shared memory, widened.
@@ -454,7 +482,7 @@ __device__ __forceinline__ void widen_run(const Run& rn, float* bf, float* cf, f
     for (int j = 0; j < NB; j++) {
         const int i = 4 * lane + 128 * j;
         if (K * NS % 128 == 0 || i < K * NS) {
-            qb[j] = *(const uint2*)(&rn.bm[0][0] + i);
+            if (YL < 2) qb[j] = *(const uint2*)(&rn.bm[0][0] + i);
             if (NC) qc[j] = *(const uint2*)(&rn.cm[0][0] + i);
         }
     }
@@ -470,7 +498,7 @@ __device__ __forceinline__ void widen_run(const Run& rn, float* bf, float* cf, f
     for (int j = 0; j < NB; j++) {
         const int i = 4 * lane + 128 * j;
         if (K * NS % 128 == 0 || i < K * NS) {
-            *(float4*)(bf + i) = h4f(qb[j]);
+            if (YL < 2) *(float4*)(bf + i) = h4f(qb[j]);
             if (NC) *(float4*)(cf + i) = h4f(qc[j]);
         }
     }
@@ -484,6 +512,41 @@ __device__ __forceinline__ void widen_run(const Run& rn, float* bf, float* cf, f
             o[1] = make_float4(d.z, d.z * v.z, d.w, d.w * v.w);
         }
     }
+}
+#endif
+
+#if DT
+// DT: a run's delta and delta u widened into f32 rows of K steps a channel: lane l takes channel l % CH's K / G
+// steps from (l / CH) K / G on (2-byte loads: a warp's lanes read 64 consecutive bytes at a time), and stores
+// them four at a time.
+static_assert(K % 4 == 0 && (K / G) % 4 == 0 || K / G < 4, "DT's stores");
+// Returns the channel's delta summed over the run, in every lane of the channel (LM 1: lane l's channel is l % CH).
+__device__ __forceinline__ float widen_dt(const Run& rn, float (*dt)[K + 4], float (*du)[K + 4], int lane) {
+    constexpr int NT = K / G;
+    const int c = lane % CH, t0 = (lane / CH) * NT;
+    float a[NT], b[NT], sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        a[j] = h2f(rn.dl[t0 + j][c]);
+        b[j] = a[j] * h2f(rn.uu[t0 + j][c]);
+        sum += a[j];
+    }
+#pragma unroll
+    for (int m = CH; m < 32; m *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+#pragma unroll
+    for (int j = 0; j < NT; j += 4) {
+        if (NT >= 4) {
+            *(float4*)&dt[c][t0 + j] = make_float4(a[j], a[j + 1 < NT ? j + 1 : j], a[j + 2 < NT ? j + 2 : j], a[j + 3 < NT ? j + 3 : j]);
+            *(float4*)&du[c][t0 + j] = make_float4(b[j], b[j + 1 < NT ? j + 1 : j], b[j + 2 < NT ? j + 2 : j], b[j + 3 < NT ? j + 3 : j]);
+        } else {
+#pragma unroll
+            for (int q = j; q < NT; q++) {
+                dt[c][t0 + q] = a[q];
+                du[c][t0 + q] = b[q];
+            }
+        }
+    }
+    return sum;
 }
 #endif
 
@@ -603,9 +666,22 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         float2* const dww = nullptr;
 #endif
         widen_run(rn, bfw, cfw, dww, lane);
+#if DT
+        const float sdt_run = widen_dt(rn, sm.dt[w].t, sm.dt[w].u, lane);
+#endif
+        __syncwarp();
+#elif DT
+        const float sdt_run = widen_dt(rn, sm.dt[w].t, sm.dt[w].u, lane);
         __syncwarp();
 #endif
-#if CV
+#if CV && YL == 2
+#define LD_BM(i, v) ld_s(&rn.bm[i][n0], v)  // YL 2: read once, in the first pass, as halves
+#if CF
+#define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
+#else
+#define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)  // read once, in the second pass: halves, half the bytes
+#endif
+#elif CV
 #define LD_BM(i, v) ld_f(&sm.bf[w][i][n0], v)
 #if CF
 #define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
@@ -623,12 +699,23 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #else
         float e[S][K], x[S][K], sk[K], h[S], sdt = 0.f;
 #endif
+#if DT
+        float4 dt4, du4;
+#endif
 #pragma unroll
         for (int i = 0; i < K; i++) {
 #if DW
             const float2 dq = sm.dw[w][i][c];
             const float dt = dq.x, du = dq.y;
             sk[i] = 0.f;  // Dv u added with the sums
+#elif DT
+            if (i % 4 == 0) {  // four steps of the channel's delta and delta u, one 16-byte load each
+                dt4 = *(const float4*)&sm.dt[w].t[c][i];
+                du4 = *(const float4*)&sm.dt[w].u[c][i];
+            }
+            const float dt = i % 4 == 0 ? dt4.x : i % 4 == 1 ? dt4.y : i % 4 == 2 ? dt4.z : dt4.w;
+            const float du = i % 4 == 0 ? du4.x : i % 4 == 1 ? du4.y : i % 4 == 2 ? du4.z : du4.w;
+            sk[i] = 0.f;  // Dv u added with the sums (YD)
 #else
             const float dt = h2f(rn.dl[i][c]), uv = h2f(rn.uu[i][c]);
             const float du = dt * uv;
@@ -636,7 +723,9 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #endif
             float bv[S];
             LD_BM(i, bv);
-            sdt += dt;
+#if !DT
+            sdt += dt;  // DT: summed by the widening
+#endif
 #if XR
             dus[i] = du;
 #pragma unroll
@@ -653,6 +742,16 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
                 h[s] = i == 0 ? x[s][0] : fmaf(e[s][i], h[s], x[s][i]);
             }
 #endif
+#if YL
+            {
+                // YL: y's part from the run's own inputs, C . h with h run from zero (the first pass is bound by
+                // its exponentials, whose pipe leaves issue slots free); the second pass adds C . (P_i h_in)
+                float cv[S];
+                LD_CM(i, cv);
+#pragma unroll
+                for (int s = 0; s < S; s++) sk[i] = fmaf(cv[s], h[s], sk[i]);
+            }
+#endif
         }
 
         // 3. the state entering the run, and the states leaving runs handed on. With HS > 1 only
@@ -660,6 +759,9 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         // HS - 1 runs' warps publish, hands each of them its entering state and the next chain run
         // the state leaving the last, so the chain takes one hand-over per HS runs.
         float hin[S], p[S];
+#if DT
+        sdt = sdt_run;
+#endif
 #pragma unroll
         for (int s = 0; s < S; s++) p[s] = ex2(sdt * a2[s]);  // the run's decay product, before the wait
         const bool chain = r % HS == 0;  // W % HS == 0: a warp is in the chain for all its runs or none
@@ -727,7 +829,14 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             float cv[S];
             LD_CM(i, cv);
             float yi = sk[i];
-#if XR
+#if YL
+            // YL: hin becomes P_i h_in, the decays of the run's first i steps applied to the entering state
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                hin[s] *= e[s][i];
+                yi = fmaf(cv[s], hin[s], yi);
+            }
+#elif XR
             float bv[S];  // the inputs again from Bm, still in the ring
             LD_BM(i, bv);
 #pragma unroll
