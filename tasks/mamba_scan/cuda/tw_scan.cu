@@ -106,6 +106,20 @@
 // time on MLX's GPU clock. MB (blocks per SM the register allocation must allow; 0: 16 / W): G 8 / K 8 at
 // 64 registers (32 warps an SM) 150.3 us, G 4 / K 8 at 80 (24 warps) 105.2 us at 1,4096,2048: more warps do
 // not pay for the per-run and per-step overheads that shorter runs and fewer states a lane multiply.
+// Timed late on 2026-12-06 and removed (H100, bench/h100-2026-12-06-scan-dt.txt, the source as of commit 8e123c3):
+// DT, a run's delta and delta u widened once per warp into f32 rows of K steps a channel (four steps a 16-byte
+// load in the first pass, no conversions or delta u products there, the run's summed delta by shuffles in the
+// widening). In NVRTC 13's machine code the first pass went from 386 to 294 instructions a run and the widening
+// from 37 to 82, no spills, and it was 2.5-5.8% slower at every anchor shape (83.4 against 80.2 us at 1,4096,2048;
+// 0.3-1.6% at G 2 / K 8), as DW was: the first pass's 68 MUFU a run occupy the exponential pipe for 544 cycles a warp (16 lanes a cycle
+// per SM) against its 386 instructions, so instructions taken out of it free nothing, while the widening they
+// move to sits on each run's serial path before it. YL (1: y's part from the run's own inputs, C . h with h run
+// from zero, formed in that first pass, and the second pass only decays the entering state: hin = e hin,
+// y += C . hin, two operations a state and step instead of three and no Bm; 2: Bm also read as halves in the
+// first pass and no longer widened) moves work the other way, into the exponentials' shadow: the first pass
+// 386 -> 466 instructions, the second 236 -> 156, sass_census's one-warp schedule of the two passes 1044 -> 932
+// cycles, 128 registers, no spills (YL 2: 531 and 156, 980 cycles). Checked by the PTX interpreter (a mutant
+// that skips one step's decay fails there); not timed yet: default 0 in both units.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -180,9 +194,6 @@
 #endif
 #ifndef MB
 #define MB 0
-#endif
-#ifndef DT
-#define DT 0
 #endif
 #ifndef YL
 #define YL 0
@@ -261,9 +272,6 @@
 #endif
 #if YL == 2 && !CV
 #error "YL 2 needs CV"
-#endif
-#if DT && (!YD || DW || !LM || K % G != 0)
-#error "DT needs YD, DW 0, LM 1 and K a multiple of G"
 #endif
 #if A1 && HO
 #error "A1 needs HO 0 (HO's link arrives from every lane)"
@@ -355,20 +363,7 @@ struct __align__(16) Run {      // one run's raw rows
 };
 struct __align__(16) Smem {
     Run ring[W][SL];                // each warp's runs, SL ahead
-#if DT
-    // DT: the warp's current run's delta and delta u, widened once, one row of K steps a channel (padded
-    // by 4 floats, so the 16-byte loads of a warp's CH channels meet no bank conflicts); YS 1 (which DT's
-    // YD needs) leaves ys unused, so they share its space (the launch counts the larger)
-    union {
-        float ys[W][K][YR];
-        struct {
-            float t[CH][K + 4];
-            float u[CH][K + 4];
-        } dt[W];
-    };
-#else
     float ys[W][K][YR];             // each warp's partial y (channel c's state group g at c G + g)
-#endif
     float hx[W][2][CH * NS];        // the state entering a warp's run, by the run's parity (lane l's S at l S)
     float mp[W][CH * NS];           // HS > 1: the map h -> P h + H of a warp's run, for the chain's warp
     float mh[W][CH * NS];
@@ -385,7 +380,7 @@ struct __align__(16) Smem {
 #endif
 };
 // What the launch's shared-memory expression in task.toml counts.
-static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + (4 * K * YR > DT * 8 * CH * (K + 4) ? 4 * K * YR : DT * 8 * CH * (K + 4)) + 16 * CH * NS + 16 + CV * 4 * K * NS * (1 + CF) + DW * 8 * K * CH),
+static_assert(sizeof(Smem) == W * (SL * K * (4 * CH + 4 * NS) + 4 * K * YR + 16 * CH * NS + 16 + CV * 4 * K * NS * (1 + CF) + DW * 8 * K * CH),
               "Smem size");
 
 // S consecutive halves from shared memory, widened.
@@ -515,41 +510,6 @@ __device__ __forceinline__ void widen_run(const Run& rn, float* bf, float* cf, f
 }
 #endif
 
-#if DT
-// DT: a run's delta and delta u widened into f32 rows of K steps a channel: lane l takes channel l % CH's K / G
-// steps from (l / CH) K / G on (2-byte loads: a warp's lanes read 64 consecutive bytes at a time), and stores
-// them four at a time.
-static_assert(K % 4 == 0 && (K / G) % 4 == 0 || K / G < 4, "DT's stores");
-// Returns the channel's delta summed over the run, in every lane of the channel (LM 1: lane l's channel is l % CH).
-__device__ __forceinline__ float widen_dt(const Run& rn, float (*dt)[K + 4], float (*du)[K + 4], int lane) {
-    constexpr int NT = K / G;
-    const int c = lane % CH, t0 = (lane / CH) * NT;
-    float a[NT], b[NT], sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        a[j] = h2f(rn.dl[t0 + j][c]);
-        b[j] = a[j] * h2f(rn.uu[t0 + j][c]);
-        sum += a[j];
-    }
-#pragma unroll
-    for (int m = CH; m < 32; m *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-#pragma unroll
-    for (int j = 0; j < NT; j += 4) {
-        if (NT >= 4) {
-            *(float4*)&dt[c][t0 + j] = make_float4(a[j], a[j + 1 < NT ? j + 1 : j], a[j + 2 < NT ? j + 2 : j], a[j + 3 < NT ? j + 3 : j]);
-            *(float4*)&du[c][t0 + j] = make_float4(b[j], b[j + 1 < NT ? j + 1 : j], b[j + 2 < NT ? j + 2 : j], b[j + 3 < NT ? j + 3 : j]);
-        } else {
-#pragma unroll
-            for (int q = j; q < NT; q++) {
-                dt[c][t0 + q] = a[q];
-                du[c][t0 + q] = b[q];
-            }
-        }
-    }
-    return sum;
-}
-#endif
-
 // A run's raw rows into the warp's ring (steps from nt on and channels past D are zeros). A lane
 // copies at most one piece of the delta and u rows (K RP <= 32) and one 16-byte piece of the Bm and
 // Cm rows (K NS / 8 <= 32), at offsets fixed for the whole call (off: t D + HP p of its delta
@@ -666,12 +626,6 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         float2* const dww = nullptr;
 #endif
         widen_run(rn, bfw, cfw, dww, lane);
-#if DT
-        const float sdt_run = widen_dt(rn, sm.dt[w].t, sm.dt[w].u, lane);
-#endif
-        __syncwarp();
-#elif DT
-        const float sdt_run = widen_dt(rn, sm.dt[w].t, sm.dt[w].u, lane);
         __syncwarp();
 #endif
 #if CV && YL == 2
@@ -699,23 +653,12 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #else
         float e[S][K], x[S][K], sk[K], h[S], sdt = 0.f;
 #endif
-#if DT
-        float4 dt4, du4;
-#endif
 #pragma unroll
         for (int i = 0; i < K; i++) {
 #if DW
             const float2 dq = sm.dw[w][i][c];
             const float dt = dq.x, du = dq.y;
             sk[i] = 0.f;  // Dv u added with the sums
-#elif DT
-            if (i % 4 == 0) {  // four steps of the channel's delta and delta u, one 16-byte load each
-                dt4 = *(const float4*)&sm.dt[w].t[c][i];
-                du4 = *(const float4*)&sm.dt[w].u[c][i];
-            }
-            const float dt = i % 4 == 0 ? dt4.x : i % 4 == 1 ? dt4.y : i % 4 == 2 ? dt4.z : dt4.w;
-            const float du = i % 4 == 0 ? du4.x : i % 4 == 1 ? du4.y : i % 4 == 2 ? du4.z : du4.w;
-            sk[i] = 0.f;  // Dv u added with the sums (YD)
 #else
             const float dt = h2f(rn.dl[i][c]), uv = h2f(rn.uu[i][c]);
             const float du = dt * uv;
@@ -723,9 +666,7 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #endif
             float bv[S];
             LD_BM(i, bv);
-#if !DT
-            sdt += dt;  // DT: summed by the widening
-#endif
+            sdt += dt;
 #if XR
             dus[i] = du;
 #pragma unroll
@@ -759,9 +700,6 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         // HS - 1 runs' warps publish, hands each of them its entering state and the next chain run
         // the state leaving the last, so the chain takes one hand-over per HS runs.
         float hin[S], p[S];
-#if DT
-        sdt = sdt_run;
-#endif
 #pragma unroll
         for (int s = 0; s < S; s++) p[s] = ex2(sdt * a2[s]);  // the run's decay product, before the wait
         const bool chain = r % HS == 0;  // W % HS == 0: a warp is in the chain for all its runs or none
