@@ -756,7 +756,9 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // (YP 1), its partial y summed by shuffles (YS 1); LM 0 / YP 0, CF 0 (Cm read as halves) and
     // YS 0 (the partials through shared memory) are the other values. DW 1 widens a run's delta and
     // u once per warp and adds Dv u where the partials are summed (G 2 leaves a partial block); YD 1
-    // keeps every step's partial y and sums and stores the groups after the second pass.
+    // keeps every step's partial y and sums and stores the groups after the second pass. YL 1 forms
+    // y's part from the run's own inputs in the first pass and only decays the entering state in the
+    // second; YL 2 also reads Bm as halves there.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -797,6 +799,11 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["YD=1", "DW=1"],
         &["YD=1", "DW=1", "G=2", "K=8", "LM=0"],
         &["YD=1", "DW=1", "G=8", "K=8", "CV=0"],
+        &["YL=1"],
+        &["YL=2"],
+        &["YL=1", "G=2", "K=8", "LM=0"],
+        &["YL=1", "HS=4", "XR=0", "K=8"],
+        &["YL=2", "YS=0", "YD=0", "CF=0"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -816,6 +823,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let ys_store = "sm.ys[w][i][c * G + g] = yi;";
     let slot_read = "ld_f(&sm.hx[w][(r / W) & 1][hs], hin);";
     let dv_sum = "float y0 = dv0 * h2f((unsigned short)uw), y1 = dv1 * h2f((unsigned short)(uw >> 16));";
+    let yl_decay = "hin[s] *= e[s][i];";
     assert!(
         src.contains(wait)
             && src.contains(map_wait)
@@ -826,7 +834,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
             && src.contains(ys_store)
             && src.contains(slot_read)
             && src.contains(dv_sum)
-            && src.contains(yd_dv),
+            && src.contains(yd_dv)
+            && src.contains(yl_decay),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -892,8 +901,13 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // DW 1 with Dv u left out of the two channels' sums: y misses its skip term.
     let no_dv = dir.path().join("no_dv.cu");
     std::fs::write(&no_dv, src.replace(dv_sum, "float y0 = 0.f, y1 = 0.f;")).unwrap();
+    // YL 1 with the second pass's last step left undecayed: the entering state's share of y is off
+    // at every run's last step.
+    let yl_last = dir.path().join("yl_last.cu");
+    std::fs::write(&yl_last, src.replace(yl_decay, "hin[s] *= (i == K - 1 ? 1.f : e[s][i]);")).unwrap();
     for (defs, file) in [
-        (&["CV=1"][..], &cm),
+        (&["YL=1"][..], &yl_last),
+        (&["CV=1"], &cm),
         (&["DW=1", "YS=0", "YD=0"], &no_dv),
         (&["YD=1", "DW=0"], &yd_step),
         (&["YS=1"], &swap),
