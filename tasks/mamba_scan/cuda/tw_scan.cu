@@ -628,15 +628,12 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         widen_run(rn, bfw, cfw, dww, lane);
         __syncwarp();
 #endif
-#if CV && YL == 2
+#if CV
+#if YL == 2
 #define LD_BM(i, v) ld_s(&rn.bm[i][n0], v)  // YL 2: read once, in the first pass, as halves
-#if CF
-#define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
 #else
-#define LD_CM(i, v) ld_s(&rn.cm[i][n0], v)  // read once, in the second pass: halves, half the bytes
-#endif
-#elif CV
 #define LD_BM(i, v) ld_f(&sm.bf[w][i][n0], v)
+#endif
 #if CF
 #define LD_CM(i, v) ld_f(&sm.cf[w][i][n0], v)
 #else
