@@ -13,6 +13,7 @@
 # STRESS_FIX_B: B's stress suite too (a KS_FIX, as STRESS_FIX for A); KERNEL (default flash_ws); SUITES (default
 # anchor,heldout,ragged); ROUNDS (default 2). TASK=mamba_scan (with KERNEL, KS_CUBIN_DIR and
 # SUITES=anchor) does the same for a scan kernel against mamba_ssm's selective-scan forward (carry .peer).
+# FIX_C / DEFS_C and FIX_D / DEFS_D add builds C and D, timed in the same alternation (STRESS_FIX_C / _D: their stress suites).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/attention-ab}
@@ -24,31 +25,48 @@ SUITES=${SUITES:-anchor,heldout,ragged}
 ROUNDS=${ROUNDS:-2}
 FIX_B=${FIX_B:-$FIX}
 STRESS_FIX=${STRESS_FIX:-$FIX}
+SIDES="A B"
+for x in C D; do
+    v=FIX_$x dv=DEFS_$x
+    if [ -n "${!v:-}${!dv:-}" ]; then SIDES="$SIDES $x"; fi
+done
+side_fix() {  # the configuration and defines of a build: "FIX DEFS"
+    case $1 in
+        A) echo "$FIX ${DEFS_A:-}" ;;
+        B) echo "$FIX_B ${DEFS_B:-}" ;;
+        *) local v=FIX_$1 dv=DEFS_$1; echo "${!v:-$FIX} ${!dv:-}" ;;
+    esac
+}
+stress_fix() {  # a build's stress configuration, empty where its stress suite is not run
+    if [ "$1" = A ]; then echo "$STRESS_FIX"; else local v=STRESS_FIX_$1; echo "${!v:-}"; fi
+}
+stress_log() { if [ "$1" = A ]; then echo stress.log; else echo "stress-${1,,}.log"; fi; }
 if [ "${PREPARE:-0}" = 1 ]; then
-    KS_DEFS=${DEFS_A:-} KS_SUITES=$SUITES KS_TIME=1 KS_FIX=$FIX python3 bench/cuda_dev.py prepare $TASK | grep -E "^prepare"
-    KS_DEFS=${DEFS_B:-} KS_SUITES=$SUITES KS_TIME=1 KS_FIX=$FIX_B python3 bench/cuda_dev.py prepare $TASK | grep -E "^prepare"
-    KS_DEFS=${DEFS_A:-} KS_SUITES=stress KS_TIME=0 KS_STRESS_DIST=1 KS_FIX=$STRESS_FIX python3 bench/cuda_dev.py prepare $TASK |
-        grep -E "^prepare"
-    if [ -n "${STRESS_FIX_B:-}" ]; then
-        KS_DEFS=${DEFS_B:-} KS_SUITES=stress KS_TIME=0 KS_STRESS_DIST=1 KS_FIX=$STRESS_FIX_B python3 bench/cuda_dev.py prepare $TASK |
-            grep -E "^prepare"
-    fi
+    for x in $SIDES; do
+        read -r f d <<< "$(side_fix $x)"
+        KS_DEFS=$d KS_SUITES=$SUITES KS_TIME=1 KS_FIX=$f python3 bench/cuda_dev.py prepare $TASK | grep -E "^prepare"
+        sf=$(stress_fix $x)
+        if [ -n "$sf" ]; then
+            KS_DEFS=$d KS_SUITES=stress KS_TIME=0 KS_STRESS_DIST=1 KS_FIX=$sf python3 bench/cuda_dev.py prepare $TASK |
+                grep -E "^prepare"
+        fi
+    done
     exit 0
 fi
-KS_DEFS=${DEFS_A:-} KS_SUITES=stress KS_TIME=0 KS_STRESS_DIST=1 KS_FIX=$STRESS_FIX timeout 240 \
-    python3 bench/cuda_dev.py run $TASK > "$OUTDIR/stress.log" 2>&1
-echo "stress (A): exit $? $(grep -E '^==== checked' "$OUTDIR/stress.log" || echo 'no summary: cut off or crashed')"
-if [ -n "${STRESS_FIX_B:-}" ]; then
-    KS_DEFS=${DEFS_B:-} KS_SUITES=stress KS_TIME=0 KS_STRESS_DIST=1 KS_FIX=$STRESS_FIX_B timeout 240 \
-        python3 bench/cuda_dev.py run $TASK > "$OUTDIR/stress-b.log" 2>&1
-    echo "stress (B): exit $? $(grep -E '^==== checked' "$OUTDIR/stress-b.log" || echo 'no summary: cut off or crashed')"
-fi
+for x in $SIDES; do
+    read -r f d <<< "$(side_fix $x)"
+    sf=$(stress_fix $x)
+    [ -n "$sf" ] || continue
+    log="$OUTDIR/$(stress_log $x)"
+    KS_DEFS=$d KS_SUITES=stress KS_TIME=0 KS_STRESS_DIST=1 KS_FIX=$sf timeout 240 python3 bench/cuda_dev.py run $TASK > "$log" 2>&1
+    echo "stress ($x): exit $? $(grep -E '^==== checked' "$log" || echo 'no summary: cut off or crashed')"
+done
 for r in $(seq 1 "$ROUNDS"); do
-    for side in A B; do
-        if [ $side = A ]; then d=${DEFS_A:-} f=$FIX; else d=${DEFS_B:-} f=$FIX_B; fi
-        log="$OUTDIR/time-$side-$r.log"
+    for x in $SIDES; do
+        read -r f d <<< "$(side_fix $x)"
+        log="$OUTDIR/time-$x-$r.log"
         KS_DEFS=$d KS_SUITES=$SUITES KS_TIME=1 KS_FIX=$f timeout 200 python3 bench/cuda_dev.py run $TASK > "$log" 2>&1
-        echo "time $side round $r (KS_DEFS=$d KS_FIX=$f): exit $? $(grep -E '^==== checked' "$log" || echo 'no summary: cut off or crashed')"
+        echo "time $x round $r (KS_DEFS=$d KS_FIX=$f): exit $? $(grep -E '^==== checked' "$log" || echo 'no summary: cut off or crashed')"
     done
 done
 python3 - "$OUTDIR" "$ROUNDS" "$TASK" <<'EOF'
@@ -56,7 +74,7 @@ import re, statistics, sys
 out, rounds, task = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rx = re.compile(task + r"\s+(\w) (\{.*?\})\s+(?:peer (cuDNN SDPA|torch SDPA|mamba_ssm)|(\S+))\s+([\d.]+|nan) us")
 t = {}
-for side in "AB":
+for side in "ABCD":
     for r in range(1, rounds + 1):
         try:
             lines = open(f"{out}/time-{side}-{r}.log").read().splitlines()
@@ -68,13 +86,16 @@ for side in "AB":
                 continue
             who = m.group(3) or side
             t.setdefault((m.group(1), m.group(2)), {}).setdefault(who, []).append(float(m.group(5)))
-print(f"{'suite shape':<80} {'A us':>8} {'B us':>8} {'peer':>8} {'A/peer':>8} {'B/peer':>8}  (medians over passes; ratio = peer / build; peer: cuDNN SDPA, torch SDPA where cuDNN has no kernel, or mamba_ssm)")
+sides = "AB" + "".join(x for x in "CD" if any(x in v for v in t.values()))
+head = " ".join(f"{x + ' us':>8}" for x in sides) + f" {'peer':>8} " + " ".join(f"{x + '/peer':>8}" for x in sides)
+print(f"{'suite shape':<80} {head}  (medians over passes; ratio = peer / build; peer: cuDNN SDPA, torch SDPA where cuDNN has no kernel, or mamba_ssm)")
 for (s, shape), v in t.items():
     med = {k: statistics.median(x) for k, x in v.items()}
     peer = med.get("cuDNN SDPA") or med.get("torch SDPA") or med.get("mamba_ssm")
-    a, b = med.get("A"), med.get("B")
     f = lambda x: f"{x:8.2f}" if x else f"{'-':>8}"
     r = lambda x: f"{peer / x:7.3f}x" if x and peer else f"{'-':>8}"
-    print(f"{s} {shape:<78} {f(a)} {f(b)} {f(peer)} {r(a)} {r(b)}")
+    times = " ".join(f(med.get(x)) for x in sides)
+    ratios = " ".join(r(med.get(x)) for x in sides)
+    print(f"{s} {shape:<78} {times} {f(peer)} {ratios}")
 EOF
 grep -h "^FAILED" "$OUTDIR"/*.log | head -20

@@ -198,6 +198,9 @@
 #ifndef YL
 #define YL 0
 #endif
+#ifndef PE
+#define PE 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -352,6 +355,25 @@ __device__ __forceinline__ void link4(unsigned mi, unsigned parity, unsigned src
 }
 #endif
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+// PE: 2^x on the FMA pipe, for x <= 0 (a decay's argument; clamped at -125, where the state has long
+// decayed): x = j + f with j the nearest integer (the 1.5 * 2^23 trick leaves j in t's low bits),
+// 2^f on [-0.5, 0.5] by its degree-5 Taylor polynomial (relative error under 2.5e-6), j added to the
+// exponent's bits (t's bits shifted by 23 leave j << 23: the trick's constant's low 9 bits are zero).
+__device__ __forceinline__ float ex2f(float x) {
+    x = fmaxf(x, -125.f);
+    const float t = x + 12582912.f;
+    const float f = x - (t - 12582912.f);
+    float q = 1.3333558e-3f;
+    q = fmaf(q, f, 9.6181291e-3f);
+    q = fmaf(q, f, 5.5504109e-2f);
+    q = fmaf(q, f, 2.4022651e-1f);
+    q = fmaf(q, f, 6.9314718e-1f);
+    q = fmaf(q, f, 1.0f);
+    return __int_as_float(__float_as_int(q) + (__float_as_int(t) << 23));
+}
+// A step's decay for state s: PE of every four steps take state 0's on the FMA pipe (the first pass
+// issues one MUFU a state and step, 8 cycles of the pipe a warp, beside fewer other instructions).
+#define DECAY(s, i, z) ((PE > 0 && (s) == 0 && ((i) & 3) < PE) ? ex2f(z) : ex2(z))
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("{.reg .b16 t;\n mov.b16 t, %1;\n cvt.f32.f16 %0, t;}" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 
@@ -668,14 +690,14 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             dus[i] = du;
 #pragma unroll
             for (int s = 0; s < S; s++) {
-                e[s][i] = ex2(dt * a2[s]);
+                e[s][i] = DECAY(s, i, dt * a2[s]);
                 const float xv = du * bv[s];
                 h[s] = i == 0 ? xv : fmaf(e[s][i], h[s], xv);
             }
 #else
 #pragma unroll
             for (int s = 0; s < S; s++) {
-                e[s][i] = ex2(dt * a2[s]);
+                e[s][i] = DECAY(s, i, dt * a2[s]);
                 x[s][i] = du * bv[s];
                 h[s] = i == 0 ? x[s][0] : fmaf(e[s][i], h[s], x[s][i]);
             }
