@@ -758,8 +758,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // u once per warp and adds Dv u where the partials are summed (G 2 leaves a partial block); YD 1
     // keeps every step's partial y and sums and stores the groups after the second pass. YL 1 forms
     // y's part from the run's own inputs in the first pass and only decays the entering state in the
-    // second; YL 2 also reads Bm as halves there. PE 1 / 2 take state 0's decay of 1 / 2 of every
-    // four steps from a polynomial on the FMA pipe instead of MUFU.
+    // second; YL 2 also reads Bm as halves there.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -805,10 +804,6 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["YL=1", "G=2", "K=8", "LM=0"],
         &["YL=1", "HS=4", "XR=0", "K=8"],
         &["YL=2", "YS=0", "YD=0", "CF=0"],
-        &["PE=1"],
-        &["PE=2", "YL=1"],
-        &["PE=2", "XR=0", "K=8"],
-        &["PE=1", "G=2", "K=8"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -829,7 +824,6 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let slot_read = "ld_f(&sm.hx[w][(r / W) & 1][hs], hin);";
     let dv_sum = "float y0 = dv0 * h2f((unsigned short)uw), y1 = dv1 * h2f((unsigned short)(uw >> 16));";
     let yl_decay = "hin[s] *= e[s][i];";
-    let pe_scale = "return __int_as_float(__float_as_int(q) + (__float_as_int(t) << 23));";
     assert!(
         src.contains(wait)
             && src.contains(map_wait)
@@ -841,8 +835,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
             && src.contains(slot_read)
             && src.contains(dv_sum)
             && src.contains(yd_dv)
-            && src.contains(yl_decay)
-            && src.contains(pe_scale),
+            && src.contains(yl_decay),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -912,13 +905,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // at every run's last step.
     let yl_last = dir.path().join("yl_last.cu");
     std::fs::write(&yl_last, src.replace(yl_decay, "hin[s] *= (i == K - 1 ? 1.f : e[s][i]);")).unwrap();
-    // PE with the polynomial's integer part never added to the exponent: 2^f for 2^(j + f), right
-    // only where the decay's argument rounds to 0.
-    let pe_frac = dir.path().join("pe_frac.cu");
-    std::fs::write(&pe_frac, src.replace(pe_scale, "return q;")).unwrap();
     for (defs, file) in [
         (&["YL=1"][..], &yl_last),
-        (&["PE=2"], &pe_frac),
         (&["CV=1"], &cm),
         (&["DW=1", "YS=0", "YD=0"], &no_dv),
         (&["YD=1", "DW=0"], &yd_step),

@@ -119,7 +119,15 @@
 // first pass and no longer widened) moves work the other way, into the exponentials' shadow: the first pass
 // 386 -> 466 instructions, the second 236 -> 156, sass_census's one-warp schedule of the two passes 1044 -> 932
 // cycles, 128 registers, no spills (YL 2: 531 and 156, 980 cycles). Checked by the PTX interpreter (a mutant
-// that skips one step's decay fails there); not timed yet: default 0 in both units.
+// that skips one step's decay fails there). Timed (H100, 2026-12-07, bench/h100-2026-12-07-scan-yl-pe.txt): within
+// 1% of YL 0 at every anchor shape (79.51 against 79.48 us at 1,4096,2048, 0.2-0.9% faster on the other four):
+// default 0 in both units. In the same call PE, state 0's decay of two of every four steps by a polynomial on the
+// FMA pipe (the first pass 386 -> 459 instructions, 68 -> 60 MUFU), was 4.4-7.5% slower at every anchor shape and is
+// removed (the source as of commit f76ee49). Together these say the sentence above is wrong: if the first pass
+// were bound by the exponentials' pipe, PE would have shortened it (480 cycles of that pipe a warp, not 544).
+// What the time follows is the instructions a run issues in all (YL: the same 622 in the two passes, the same
+// time; PE: about 9% more, 4-8% slower), with DT and DW losing because their widening sits on each run's
+// serial path before the first pass.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -197,9 +205,6 @@
 #endif
 #ifndef YL
 #define YL 0
-#endif
-#ifndef PE
-#define PE 0
 #endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
@@ -355,25 +360,6 @@ __device__ __forceinline__ void link4(unsigned mi, unsigned parity, unsigned src
 }
 #endif
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
-// PE: 2^x on the FMA pipe, for x <= 0 (a decay's argument; clamped at -125, where the state has long
-// decayed): x = j + f with j the nearest integer (the 1.5 * 2^23 trick leaves j in t's low bits),
-// 2^f on [-0.5, 0.5] by its degree-5 Taylor polynomial (relative error under 2.5e-6), j added to the
-// exponent's bits (t's bits shifted by 23 leave j << 23: the trick's constant's low 9 bits are zero).
-__device__ __forceinline__ float ex2f(float x) {
-    x = fmaxf(x, -125.f);
-    const float t = x + 12582912.f;
-    const float f = x - (t - 12582912.f);
-    float q = 1.3333558e-3f;
-    q = fmaf(q, f, 9.6181291e-3f);
-    q = fmaf(q, f, 5.5504109e-2f);
-    q = fmaf(q, f, 2.4022651e-1f);
-    q = fmaf(q, f, 6.9314718e-1f);
-    q = fmaf(q, f, 1.0f);
-    return __int_as_float(__float_as_int(q) + (__float_as_int(t) << 23));
-}
-// A step's decay for state s: PE of every four steps take state 0's on the FMA pipe (the first pass
-// issues one MUFU a state and step, 8 cycles of the pipe a warp, beside fewer other instructions).
-#define DECAY(s, i, z) ((PE > 0 && (s) == 0 && ((i) & 3) < PE) ? ex2f(z) : ex2(z))
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("{.reg .b16 t;\n mov.b16 t, %1;\n cvt.f32.f16 %0, t;}" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 
@@ -690,22 +676,22 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
             dus[i] = du;
 #pragma unroll
             for (int s = 0; s < S; s++) {
-                e[s][i] = DECAY(s, i, dt * a2[s]);
+                e[s][i] = ex2(dt * a2[s]);
                 const float xv = du * bv[s];
                 h[s] = i == 0 ? xv : fmaf(e[s][i], h[s], xv);
             }
 #else
 #pragma unroll
             for (int s = 0; s < S; s++) {
-                e[s][i] = DECAY(s, i, dt * a2[s]);
+                e[s][i] = ex2(dt * a2[s]);
                 x[s][i] = du * bv[s];
                 h[s] = i == 0 ? x[s][0] : fmaf(e[s][i], h[s], x[s][i]);
             }
 #endif
 #if YL
             {
-                // YL: y's part from the run's own inputs, C . h with h run from zero (the first pass is bound by
-                // its exponentials, whose pipe leaves issue slots free); the second pass adds C . (P_i h_in)
+                // YL: y's part from the run's own inputs, C . h with h run from zero; the second pass adds
+                // C . (P_i h_in)
                 float cv[S];
                 LD_CM(i, cv);
 #pragma unroll
