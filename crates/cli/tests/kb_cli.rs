@@ -758,7 +758,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // u once per warp and adds Dv u where the partials are summed (G 2 leaves a partial block); YD 1
     // keeps every step's partial y and sums and stores the groups after the second pass. YL 1 forms
     // y's part from the run's own inputs in the first pass and only decays the entering state in the
-    // second; YL 2 also reads Bm as halves there.
+    // second; YL 2 also reads Bm as halves there. AO 1 copies a run's rows from pointers each lane
+    // steps by W runs a load.
     let run = |defs: &[&str], file: Option<&std::path::Path>| {
         let mut cmd = emulate("mamba_scan", "cuda", "tw_scan");
         for d in defs {
@@ -804,6 +805,9 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
         &["YL=1", "G=2", "K=8", "LM=0"],
         &["YL=1", "HS=4", "XR=0", "K=8"],
         &["YL=2", "YS=0", "YD=0", "CF=0"],
+        &["AO=1"],
+        &["AO=1", "YL=1", "SL=2"],
+        &["AO=1", "G=2", "K=8", "HS=4"],
     ] {
         let (code, stdout, stderr) = run(defs, None);
         assert_eq!(code, 0, "{defs:?}: {stdout}{stderr}");
@@ -824,6 +828,7 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     let slot_read = "ld_f(&sm.hx[w][(r / W) & 1][hs], hin);";
     let dv_sum = "float y0 = dv0 * h2f((unsigned short)uw), y1 = dv1 * h2f((unsigned short)(uw >> 16));";
     let yl_decay = "hin[s] *= e[s][i];";
+    let ao_step = "qb += W * K * NS;";
     assert!(
         src.contains(wait)
             && src.contains(map_wait)
@@ -835,7 +840,8 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
             && src.contains(slot_read)
             && src.contains(dv_sum)
             && src.contains(yd_dv)
-            && src.contains(yl_decay),
+            && src.contains(yl_decay)
+            && src.contains(ao_step),
         "tw_scan.cu changed"
     );
     let dir = tempfile::tempdir().unwrap();
@@ -905,8 +911,13 @@ fn emulate_runs_tw_scan_and_catches_a_hand_over_read_early_or_on_the_wrong_phase
     // at every run's last step.
     let yl_last = dir.path().join("yl_last.cu");
     std::fs::write(&yl_last, src.replace(yl_decay, "hin[s] *= (i == K - 1 ? 1.f : e[s][i]);")).unwrap();
+    // AO 1 with the Bm pointer stepped one run instead of W: from a warp's second run on, its inputs
+    // come from another run's Bm rows.
+    let ao_bm = dir.path().join("ao_bm.cu");
+    std::fs::write(&ao_bm, src.replace(ao_step, "qb += K * NS;")).unwrap();
     for (defs, file) in [
         (&["YL=1"][..], &yl_last),
+        (&["AO=1"], &ao_bm),
         (&["CV=1"], &cm),
         (&["DW=1", "YS=0", "YD=0"], &no_dv),
         (&["YD=1", "DW=0"], &yd_step),

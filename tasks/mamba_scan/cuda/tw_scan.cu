@@ -206,6 +206,9 @@
 #ifndef YL
 #define YL 0
 #endif
+#ifndef AO
+#define AO 0
+#endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
 #define RB (2 * CH)            // bytes per row of the CH channels' delta (or u)
@@ -549,6 +552,28 @@ __device__ __forceinline__ void load_run(Run& rn, const unsigned short* dl, cons
     }
 }
 
+#if AO
+static_assert(2 * K * RP <= 32, "AO: one piece of the delta or u rows a lane (G 2 takes K <= 8)");
+// AO (rows aligned): the lane's copies of a run into ring slot `rs` of its warp (`oa`, `ob`: the byte offsets of
+// its delta / u piece and of its Bm chunk in a Run), from its own pointers, which then step to the warp's next
+// run (W runs on). Steps from nt on arrive as zeros: a copy of source size 0 reads nothing, so the pointer
+// it names (past L there) is never dereferenced.
+__device__ __forceinline__ void load_run_ao(Run& rs, int nt, const unsigned short*& qa, const unsigned short*& qb,
+                                            const unsigned short*& qc, int oa, int ob, int ta, bool va, bool vb,
+                                            int lane, long long WKD) {
+    unsigned char* const base = (unsigned char*)&rs;
+    if (lane < 2 * K * RP) cp_row(base + oa, qa, va && ta < nt ? PB : 0);
+    if (vb) {
+        const int n = 8 * lane < nt * NS ? 16 : 0;
+        cp16(base + ob, qb, n);
+        cp16(base + ob + K * NS * 2, qc, n);
+    }
+    qa += WKD;
+    qb += W * K * NS;
+    qc += W * K * NS;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
     const unsigned short* __restrict__ u, const unsigned short* __restrict__ delta, const float* __restrict__ A,
     const unsigned short* __restrict__ Bm, const unsigned short* __restrict__ Cm, const float* __restrict__ Dv,
@@ -603,14 +628,42 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 #endif
 #define RUN_PTRS(r) dlg + (r) * KD, ug + (r) * KD, bg + (long long)(r) * K * NS, cg + (long long)(r) * K * NS, off, tp, \
                     pch, D, min(K, Ln - (r) * K), nc, al, lane
+#if AO
+    // AO: each lane's copies of a run come from two or three pointers of its own, stepped by W runs a load
+    // (not formed from the run's index by 64-bit multiplies): A, piece l of the run's delta rows or (l >= K RP)
+    // of its u rows; B and C, the 16-byte chunk l of its Bm and Cm rows. y's rows start at element rk.
+    const int pa = lane % (K * RP), ta = pa / RP;  // the lane's piece of the delta or u rows, and its step
+    const bool va = lane < 2 * K * RP && HP * (pa % RP) < nc, vb = lane < K * NS / 8;
+    const unsigned short* qa = (lane < K * RP ? dlg : ug) + (long long)w * KD + (long long)ta * D + HP * (pa % RP);
+    const unsigned short* qb = bg + (long long)w * K * NS + 8 * lane;
+    const unsigned short* qc = cg + (long long)w * K * NS + 8 * lane;
+    const int oa = (lane < K * RP ? 0 : K * CH * 2) + 2 * HP * pa, ob = 2 * K * CH * 2 + 16 * lane;
+    long long rk = (long long)w * KD;
+    const long long WKD = W * KD;
+#endif
 #pragma unroll
     for (int j = 0; j < SL - 1; j++) {
+#if AO
+        if (j < mine) {
+            if (al) load_run_ao(sm.ring[w][j], min(K, Ln - (w + j * W) * K), qa, qb, qc, oa, ob, ta, va, vb, lane, WKD);
+            else load_run(sm.ring[w][j], RUN_PTRS(w + j * W));
+        }
+#else
         if (j < mine) load_run(sm.ring[w][j], RUN_PTRS(w + j * W));
+#endif
         cp_commit();
     }
     for (int j = 0; j < mine; j++) {
         const int r = w + j * W;
+#if AO
+        if (j + SL - 1 < mine) {
+            const int rl = r + (SL - 1) * W;
+            if (al) load_run_ao(sm.ring[w][(j + SL - 1) % SL], min(K, Ln - rl * K), qa, qb, qc, oa, ob, ta, va, vb, lane, WKD);
+            else load_run(sm.ring[w][(j + SL - 1) % SL], RUN_PTRS(rl));
+        }
+#else
         if (j + SL - 1 < mine) load_run(sm.ring[w][(j + SL - 1) % SL], RUN_PTRS(r + (SL - 1) * W));
+#endif
         cp_commit();
         cp_wait<SL - 1>();  // this run's rows have landed (this lane's copies)
         __syncwarp();       // and every lane's
@@ -760,7 +813,11 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
 
         // 4. the run again from the entering state; Cm . h of the lane's states to y
         const int nt = min(K, Ln - r * K);
+#if AO
+        unsigned short* yr = yg + rk;
+#else
         unsigned short* yr = yg + r * KD;
+#endif
 #if YS && YD
         float ya[K];  // YD: each step's partial y, summed after the loop
 #elif YS
@@ -872,6 +929,9 @@ extern "C" __global__ void __launch_bounds__(32 * W, MINB) mamba_scan(
         __syncwarp();  // ys read before the next run's partials; the ring slot free for its next load
 #undef LD_BM
 #undef LD_CM
+#if AO
+        rk += WKD;
+#endif
     }
     cp_wait<0>();
 }
