@@ -127,7 +127,12 @@
 // were bound by the exponentials' pipe, PE would have shortened it (480 cycles of that pipe a warp, not 544).
 // What the time follows is the instructions a run issues in all (YL: the same 622 in the two passes, the same
 // time; PE: about 9% more, 4-8% slower), with DT and DW losing because their widening sits on each run's
-// serial path before the first pass.
+// serial path before the first pass. AO (1: each lane copies a run's rows from pointers of its own, stepped by
+// W runs a load: its piece of the delta or u rows and its 16-byte chunks of Bm and Cm; y's rows from an offset
+// stepped the same way) takes out part of what a run spends forming addresses: with the rows aligned, the run's
+// path goes from 902 to 880 instructions in NVRTC 13's machine code (the copies' block from about 70 to 52, the
+// stores' from 40 to 33), at 128 registers, no spills; G 2 needs K <= 8 (one piece a lane). Not timed yet:
+// default 0 in both units.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
