@@ -457,9 +457,39 @@ def decode_generate(model, prompt, n):
     return count / (time.perf_counter() - t_first)
 
 
+def decode_logits(model, tg, prompt, n):
+    """Every decode step's logits, patched against stock, both fed stock's greedy tokens after the
+    same prompt (each through its own KV cache): the worst step's comparison."""
+    outs = {}
+    toks = None
+    for mode in ("stock", "patched"):
+        (tg.on if mode == "patched" else tg.off)()
+        c = mlx_cache.make_prompt_cache(model)
+        logits = model(prompt[None], cache=c)
+        got, fed = [], []
+        tok = mx.argmax(logits[:, -1:], axis=-1)
+        for i in range(n):
+            if toks is not None:
+                tok = toks[i]
+            fed.append(tok)
+            logits = model(tok, cache=c)
+            mx.eval(logits)
+            got.append(logits)
+            tok = mx.argmax(logits[:, -1:], axis=-1)
+        outs[mode] = got
+        toks = fed if toks is None else toks
+    tg.off()
+    rows = [compare(a, b) for a, b in zip(outs["patched"], outs["stock"])]
+    worst = max(rows, key=lambda r: (r["bad"], r["max_rel"]))
+    return {**worst, "steps": n, "bad_steps": sum(r["bad"] > 0 for r in rows),
+            "top1_agree": sum(r["top1_agree"] for r in rows) / n}
+
+
 def bench_decode(model, tg, prompt_len, n, vocab, reps=5):
     prompt = mx.random.randint(0, vocab, (prompt_len,), key=mx.random.key(7))
     rows = []
+    lg = decode_logits(model, tg, prompt, min(n, 32))
+    log(f"decode logits: {json.dumps(lg)}")
     for name, fn in (("sync loop", decode_sync), ("generate_step", decode_generate)):
         rates = {"stock": [], "patched": []}
         for mode in ("stock", "patched"):  # warm-up
@@ -472,7 +502,7 @@ def bench_decode(model, tg, prompt_len, n, vocab, reps=5):
         tg.off()
         row = {"method": name, "prompt": prompt_len, "tokens": n,
                "stock_tok_s": statistics.median(rates["stock"]), "patched_tok_s": statistics.median(rates["patched"]),
-               "stock_all": rates["stock"], "patched_all": rates["patched"]}
+               "stock_all": rates["stock"], "patched_all": rates["patched"], "logits": lg}
         row["ratio"] = row["patched_tok_s"] / row["stock_tok_s"]
         rows.append(row)
         log(f"decode {name}: {json.dumps(row)}")
@@ -597,7 +627,7 @@ def main():
     tg.off()
     res["paths"] = {"stats": dict(unpatch.stats), "reasons": dict(getattr(unpatch, "reasons", {})),
                     "rope": dict(getattr(unpatch, "rope", {})), "qkv": dict(getattr(unpatch, "qkv", {})),
-                    "mlp": dict(getattr(unpatch, "mlp", {})),
+                    "mlp": dict(getattr(unpatch, "mlp", {})), "decode": dict(getattr(unpatch, "decode", {})),
                     "choices": {str(k): list(v) for k, v in getattr(unpatch, "choices", {}).items()}}
     # attention's share of stock prefill: layers x SDPA time at that L / prefill time
     sdpa = {r["L"]: r["sdpa_ms"] for r in res["attention_alone"] if "sdpa_ms" in r}
@@ -643,6 +673,11 @@ def main():
     for r in res["decode"]:
         lines.append(f"{'decode ' + r['method'] + ' (ctx ' + str(r['prompt']) + ')':<32} {r['tokens']:>6} "
                      f"{r['stock_tok_s']:>12.1f} {r['patched_tok_s']:>14.1f} {r['ratio']:>6.3f}")
+    if res["decode"]:
+        g = res["decode"][0]["logits"]
+        lines.append(f"{'decode logits (' + str(g['steps']) + ' steps)':<32} patched vs stock, stock's tokens fed to both: worst "
+                     f"step max rel {g['max_rel']:.2e}, max|d| {g['max_abs']:.3g}, bad {g['bad']}/{g['elements']} "
+                     f"({g['bad_steps']} steps with any), top-1 {100 * g['top1_agree']:.2f}%")
     for r in res["logits"]:
         p = r["patched_vs_stock"]
         s = f"{'logits L=' + str(r['L']):<32} patched vs stock: max rel {p['max_rel']:.2e}, max|d| {p['max_abs']:.3g}, " \
@@ -652,7 +687,8 @@ def main():
             s += f"; vs f32: patched max rel {q['max_rel']:.2e} bad {q['bad']}, stock max rel {t['max_rel']:.2e} bad {t['bad']}"
         lines.append(s)
     lines.append(f"paths: {res['paths']['stats']} stock reasons {res['paths']['reasons']} fused RoPE {res['paths']['rope']}"
-                 f" fused qkv {res['paths']['qkv']} fused MLP {res['paths']['mlp']}; {res['seconds']:.0f} s"
+                 f" fused qkv {res['paths']['qkv']} fused MLP {res['paths']['mlp']} fused decode {res['paths']['decode']};"
+                 f" {res['seconds']:.0f} s"
                  + (f"; skipped: {', '.join(res['skipped'])}" if res["skipped"] else "")
                  + (f"; errors in {', '.join(e['phase'] for e in res['errors'])}" if res["errors"] else ""))
     for k, (tk, ts, chosen) in res["paths"]["choices"].items():

@@ -206,6 +206,14 @@ def _llama_rope_args_for(B, L, H, Hkv, offset, rope):
     return args
 
 
+def _llama_rope_qkv_dims(qkv, H, Hkv, dims, p):
+    """As _llama_rope_cuda_qkv with the kernel's `dims` and `p` arrays given (see
+    _llama_rope_args_for): the position offset is dims[4], an input of the launch rather than a
+    constant of it, so a decode step compiled once serves every position."""
+    B, L, _, D = qkv.shape
+    return _llama_rope_launch(_llama_rope_kernel(), qkv, qkv, qkv, (dims, p), 1, B, L, H, Hkv, D)
+
+
 def _llama_rope_cuda_qkv(qkv, H, Hkv, rope, offset=0):
     """As _llama_rope_cuda, from the fused projection qkv [B, L, H + 2 Hkv, D] (q's heads, then
     k's, then v's)."""
@@ -412,7 +420,7 @@ def _llama_shape_class(axes, dtype):
 
 
 def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None,
-                       rope="auto", fuse_qkv=True, compile=True, fuse_mlp=True):
+                       rope="auto", fuse_qkv=True, compile=True, fuse_mlp=True, fuse_decode=True):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -478,7 +486,15 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     nn.Linear of the activations' dtype, nn.RMSNorm), shorter chunks and decode run stock's block.
     The residual sums are rounded once instead of twice (stock rounds the product, then the sum):
     logits agree with stock's to f16 rounding, not bit for bit. `unpatch.mlp` counts the blocks it
-    ran ({"fused": n})."""
+    ran ({"fused": n}).
+    `fuse_decode`: where fuse_qkv and fuse_mlp hold, a chunk shorter than `min_len` with a KV cache
+    (decode: one token) runs the whole block as few launches: the input RMSNorm, the stacked q, k and
+    v projection and the fused RoPE at the cache's offset in one compiled stretch (the offset an input
+    of the RoPE launch, so one trace serves every position), the cache update and stock's SDPA over
+    the cache, then the fused rest above (default True). Stock's block is about 18 launches a layer
+    and decode on MLX's CUDA back-end is bound by them, not by the weights' bytes; this path is 12.
+    Its attention is stock's SDPA: `unpatch.stats` counts it as stock ("short"), `unpatch.decode`
+    counts the blocks ({"fused": n})."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
     if attention is None:
         attention = d_attention
@@ -520,6 +536,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     rope_stats = {"fused": 0}
     qkv_stats = {"fused": 0}
     mlp_stats = {"fused": 0}
+    decode_stats = {"fused": 0}
     blk_cls = _llama.TransformerBlock
     blk_previous = blk_cls.__dict__["__call__"]
     blk_stock = getattr(blk_previous, "_ksearch_stock", blk_previous)
@@ -563,7 +580,15 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         act = swiglu(mx.fast.rms_norm(h, ln_w, eps) @ wgu.T)
         return mx.addmm(h, act, wd.T).reshape(B, L, M)
 
+    # A decode step's front (fuse_decode): the input norm, the stacked projection and the fused RoPE
+    # with its dims (the offset among them) and p arrays as inputs.
+    def front_d(x, ln_w, w, dims, p, H, Hkv, eps):
+        B, L, _ = x.shape
+        qkv = (mx.fast.rms_norm(x, ln_w, eps) @ w.T).reshape(B, L, H + 2 * Hkv, -1)
+        return _llama_rope_qkv_dims(qkv, H, Hkv, dims, p)
+
     front_c, back_c = (mx.compile(front), mx.compile(back)) if compile else (None, None)
+    front_d_c = mx.compile(front_d) if compile else None
     tail_o_c = mx.compile(lambda x, o, wo, ln_w, wgu, wd, eps: tail(x, o, wo, None, ln_w, wgu, wd, eps)) if compile else None
     tail_r_c = mx.compile(lambda x, r, ln_w, wgu, wd, eps: tail(x, None, None, r, ln_w, wgu, wd, eps)) if compile else None
     compiled_sigs = set()
@@ -727,14 +752,12 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         o, r = attend(self, x, mask, cache)
         return r if o is None else self.o_proj(o)
 
-    def fused_block(self, x, mask, cache):
-        """The block's output through the fused tail, or None where fuse_mlp does not hold."""
+    def mlp_weights(self, x):
+        """(post-attention norm, stacked gate/up weight, down_proj's weight) of block `self` where
+        fuse_mlp's path serves it with activations of x's dtype, else None."""
         import mlx.nn as nn
 
-        B, L, M = x.shape
-        if not fuse_mlp or L < min_len:
-            return None
-        mlp, ln, attn = self["mlp"], self["post_attention_layernorm"], self["self_attn"]
+        mlp, ln = self["mlp"], self["post_attention_layernorm"]
         if type(mlp) is not _llama.MLP or type(ln) is not nn.RMSNorm or "weight" not in ln:
             return None
         down = mlp["down_proj"]
@@ -743,34 +766,97 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         if mlp["gate_proj"].get("weight", x).dtype != x.dtype:
             return None  # checked before stacking: a model this path does not serve keeps its weights
         wgu = _llama_gate_up_weight(mlp)
-        if wgu is None:
+        return None if wgu is None else (ln, wgu, down["weight"])
+
+    def o_weight(attn, x):
+        """o_proj's weight where it is a bias-free nn.Linear of x's dtype (the fused tail's matmul),
+        else None."""
+        import mlx.nn as nn
+
+        op = attn["o_proj"]
+        return op["weight"] if type(op) is nn.Linear and "bias" not in op and op["weight"].dtype == x.dtype else None
+
+    def tail_with_o(x, o, wo, ln, wgu, wd):
+        B, L, M = x.shape
+        eps = float(ln.eps)
+        f = _compiled_for(("tail_o", B, L, M, o.shape[-1], wgu.shape[0], str(x.dtype), eps), tail_o_c, None)
+        if f is not None:
+            return f(x, o, wo, ln["weight"], wgu, wd, eps)
+        return tail(x, o, wo, None, ln["weight"], wgu, wd, eps)
+
+    def fused_block(self, x, mask, cache):
+        """The block's output through the fused tail, or None where fuse_mlp does not hold."""
+        B, L, M = x.shape
+        if not fuse_mlp or L < min_len:
             return None
+        mw = mlp_weights(self, x)
+        if mw is None:
+            return None
+        ln, wgu, wd = mw
+        attn = self["self_attn"]
         xn = self["input_layernorm"](x)
         if type(attn) is cls and cls.__dict__.get("__call__") is __call__:
             o, r = attend(attn, xn, mask, cache)
         else:
             o, r = None, attn(xn, mask, cache)
         if o is not None:
-            op = attn["o_proj"]
-            if type(op) is nn.Linear and "bias" not in op and op["weight"].dtype == x.dtype:
-                wo = op["weight"]
-            else:
-                o, r = None, op(o)
+            wo = o_weight(attn, x)
+            if wo is None:
+                o, r = None, attn["o_proj"](o)
         mlp_stats["fused"] += 1
         eps = float(ln.eps)
         if o is not None:
-            f = _compiled_for(("tail_o", B, L, M, o.shape[-1], wgu.shape[0], str(x.dtype), eps), tail_o_c, None)
-            if f is not None:
-                return f(x, o, wo, ln["weight"], wgu, down["weight"], eps)
-            return tail(x, o, wo, None, ln["weight"], wgu, down["weight"], eps)
+            return tail_with_o(x, o, wo, ln, wgu, wd)
         f = _compiled_for(("tail_r", B, L, M, wgu.shape[0], str(x.dtype), eps), tail_r_c, None)
         if f is not None:
-            return f(x, r, ln["weight"], wgu, down["weight"], eps)
-        return tail(x, None, None, r, ln["weight"], wgu, down["weight"], eps)
+            return f(x, r, ln["weight"], wgu, wd, eps)
+        return tail(x, None, None, r, ln["weight"], wgu, wd, eps)
+
+    def decode_block(self, x, mask, cache):
+        """A chunk shorter than min_len (decode) through fuse_decode's path, or None where it does
+        not hold (then stock's block runs)."""
+        import mlx.nn as nn
+
+        if not (fuse_decode and fuse_mlp and fuse_qkv and rope is _llama_rope_cuda) or cache is None:
+            return None
+        attn, ln0 = self["self_attn"], self["input_layernorm"]
+        if type(attn) is not cls or cls.__dict__.get("__call__") is not __call__:
+            return None
+        if type(ln0) is not nn.RMSNorm or "weight" not in ln0 or hasattr(cache, "bits"):
+            return None
+        off = getattr(cache, "offset", None)
+        if not (isinstance(off, int) and off >= 0 and hasattr(cache, "update_and_fetch")):
+            return None
+        if not (mask is None or (isinstance(mask, str) and mask == "causal")):
+            return None
+        if not _llama_rope_fits_shape(attn.rope, attn.head_dim, x.dtype, attn["q_proj"].get("weight", x).dtype):
+            return None  # checked before stacking, as fused_front does
+        mw = mlp_weights(self, x)
+        wo = o_weight(attn, x)
+        if mw is None or wo is None:
+            return None
+        w = _llama_qkv_weight(attn)
+        if w is None or w.dtype != x.dtype:
+            return None
+        ln, wgu, wd = mw
+        B, L, M = x.shape
+        H, Hkv, r = attn.n_heads, attn.n_kv_heads, attn.rope
+        dims, p = _llama_rope_args_for(B, L, H, Hkv, off, r)
+        eps0 = float(ln0.eps)
+        sig = ("front_d", B, L, M, H, Hkv, attn.head_dim, str(x.dtype), eps0)
+        q, k, v = _compiled_for(sig, front_d_c, front_d)(x, ln0["weight"], w, dims, p, H, Hkv, eps0)
+        keys, values = cache.update_and_fetch(k, v)
+        o = _llama.scaled_dot_product_attention(q.transpose(0, 2, 1, 3), keys, values, cache=cache, scale=attn.scale,
+                                                mask=mask)
+        stats["stock"] += 1
+        reasons["short"] = reasons.get("short", 0) + 1
+        decode_stats["fused"] += 1
+        return tail_with_o(x, o.transpose(0, 2, 1, 3).reshape(B, L, -1), wo, ln, wgu, wd)
 
     def block_call(self, x, mask=None, cache=None):
-        if x.shape[1] < min_len:  # decode: stock's block as it is (its attention takes the line above)
-            return blk_stock(self, x, mask, cache)
+        if x.shape[1] < min_len:  # decode: fuse_decode's path, else stock's block as it is
+            out = decode_block(self, x, mask, cache)
+            return blk_stock(self, x, mask, cache) if out is None else out
         out = fused_block(self, x, mask, cache)
         return blk_stock(self, x, mask, cache) if out is None else out
 
@@ -794,6 +880,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.rope = rope_stats
     unpatch.qkv = qkv_stats
     unpatch.mlp = mlp_stats
+    unpatch.decode = decode_stats
     unpatch.choices = choices
     unpatch.admitted = admitted
     return unpatch

@@ -552,6 +552,7 @@ def test_fused_qkv_projects_once_and_feeds_the_rope_kernel(monkeypatch):
         return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
 
     monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
+    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference([]))  # decode (fuse_decode)
     n_params = len(tree_flatten(m.parameters()))
     m0_q = m.model.layers[0].self_attn.q_proj.weight
     unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
@@ -676,3 +677,100 @@ def test_swiglu_in_ops_is_mlx_lms():
 
     gu = mx.random.normal((5, 48)).astype(mx.float16)
     assert mx.array_equal(export_llama._llama_swiglu_ops(gu), swiglu(gu[:, :24], gu[:, 24:])).item()
+
+
+def rope_dims_reference(seen, offset_shift=0):
+    """export_llama._llama_rope_qkv_dims in MLX ops: the fused RoPE's arithmetic read from its dims
+    (the offset dims[4]) and p (log2(base), scale) arrays, so it runs inside mx.compile with the
+    offset an input; records the shapes it was traced for. `offset_shift` makes it wrong."""
+
+    def qkv_dims(qkv, H, Hkv, dims, p):
+        seen.append(qkv.shape)
+        B, L, _, D = qkv.shape
+        d = mx.arange(D // 2, dtype=mx.float32)
+        inv = mx.power(2.0, -(d / (D // 2)) * p[0])
+        pos = mx.arange(L, dtype=mx.float32) + dims[4].astype(mx.float32) + offset_shift
+        ang = (p[1] * pos)[:, None] * inv[None, :]
+        c, s = mx.cos(ang)[None, :, None, :], mx.sin(ang)[None, :, None, :]
+
+        def turn(x):
+            x1, x2 = x[..., : D // 2].astype(mx.float32), x[..., D // 2 :].astype(mx.float32)
+            return mx.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1).astype(x.dtype)
+
+        q, k, v = qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :]
+        return turn(q), turn(k).transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+
+    return qkv_dims
+
+
+def test_fuse_decode_runs_decode_blocks_fused_with_the_offset_an_input(monkeypatch):
+    """fuse_decode (default): a decode step's block runs the input norm, the stacked projection and
+    the fused RoPE at the cache's offset (one trace for every position: the offset is an input of
+    the launch), the cache update, stock's SDPA and the fused rest; logits as stock's at every step
+    and for prompts prefilled in chunks shorter than min_len (the causal mask over the cache)."""
+    import mlx.nn as nn
+
+    m = tiny_llama(mx.float16)
+    ids = mx.random.randint(0, 101, (2, 24))
+    ref = prefill_and_decode(m, ids, 3)
+    ref_chunked = prefill_and_decode(m, ids, 2, chunk=4)
+
+    def qkv_reference(qkv, H, Hkv, rope, offset=0):
+        module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
+        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
+
+    traced = []
+    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
+    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference(traced))
+
+    def patch(**kw):
+        return export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
+                                               rope=export_llama._llama_rope_cuda, **kw)
+
+    unpatch = patch()
+    got = prefill_and_decode(m, ids, 3)
+    unpatch()
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"call {i}")
+    assert unpatch.decode == {"fused": 6}, unpatch.decode  # 3 steps x 2 layers; the prefill is fuse_mlp's
+    assert unpatch.stats == {"kernel": 2, "stock": 6} and unpatch.reasons == {"short": 6}
+    assert traced == [(2, 1, 4 + 2 * 2, 32)]  # traced once: positions 24, 25 and 26 share it
+    # chunks of 4 tokens (< min_len) attend to the cache with the causal mask, at offsets 0..20
+    unpatch = patch()
+    got = prefill_and_decode(m, ids, 2, chunk=4)
+    unpatch()
+    for i, (a, b) in enumerate(zip(got, ref_chunked)):
+        assert_close(a, b, TOL[mx.float16], what=f"chunked call {i}")
+    # a new patch traces again: once for the chunks of 4 (every offset), once for the decode steps
+    assert unpatch.decode == {"fused": 16} and traced[1:] == [(2, 4, 8, 32), (2, 1, 8, 32)], (unpatch.decode, traced)
+    # uncompiled: the same logits, the reference run per layer and step
+    unpatch = patch(compile=False)
+    got = prefill_and_decode(m, ids, 3)
+    unpatch()
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"uncompiled call {i}")
+    assert len(traced) == 3 + 6
+    # the position really is read from the offset input: one step off and decode's logits differ
+    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference([], offset_shift=1))
+    unpatch = patch()
+    got = prefill_and_decode(m, ids, 3)
+    unpatch()
+    assert_close(got[0], ref[0], TOL[mx.float16], "prefill (not the decode path)")
+    for i, (a, b) in enumerate(zip(got[1:], ref[1:])):
+        with pytest.raises(AssertionError, match="elements differ"):
+            assert_close(a, b, TOL[mx.float16], what=f"decode step {i} one position off")
+    # fuse_decode=False, or a cache it does not serve (quantised): stock's block at decode
+    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference(traced))
+    unpatch = patch(fuse_decode=False)
+    got = prefill_and_decode(m, ids, 3)
+    unpatch()
+    assert unpatch.decode == {"fused": 0} and unpatch.mlp == {"fused": 2}
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"fuse_decode=False call {i}")
+    unpatch = patch()
+    c = mlx_cache.make_prompt_cache(m)
+    mx.eval(m(ids, cache=c))
+    qc = [kv.to_quantized(group_size=32, bits=8) for kv in c]
+    mx.eval(m(ids[:, :1], cache=qc))
+    unpatch()
+    assert unpatch.decode == {"fused": 0}, unpatch.decode
