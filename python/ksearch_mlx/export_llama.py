@@ -851,7 +851,9 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         stats["stock"] += 1
         reasons["short"] = reasons.get("short", 0) + 1
         decode_stats["fused"] += 1
-        return tail_with_o(x, o.transpose(0, 2, 1, 3).reshape(B, L, -1), wo, ln, wgu, wd)
+        # [B, H, 1, D] is [B, 1, H, D] in memory: one token's output needs no transpose (a copy)
+        o = o.reshape(B, L, -1) if L == 1 else o.transpose(0, 2, 1, 3).reshape(B, L, -1)
+        return tail_with_o(x, o, wo, ln, wgu, wd)
 
     def block_call(self, x, mask=None, cache=None):
         if x.shape[1] < min_len:  # decode: fuse_decode's path, else stock's block as it is
