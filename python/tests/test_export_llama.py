@@ -774,3 +774,16 @@ def test_fuse_decode_runs_decode_blocks_fused_with_the_offset_an_input(monkeypat
     mx.eval(m(ids[:, :1], cache=qc))
     unpatch()
     assert unpatch.decode == {"fused": 0}, unpatch.decode
+    # mlx-lm's own generate_step (a prompt chunk of 23 tokens then one token at a time, its
+    # evaluations queued asynchronously): the same greedy tokens, log-probabilities as stock's
+    from mlx_lm.generate import generate_step
+
+    one = ids[0]
+    want = [(int(t), lp) for t, lp in generate_step(one, m, max_tokens=6, prefill_step_size=16)]
+    unpatch = patch()
+    got = [(int(t), lp) for t, lp in generate_step(one, m, max_tokens=6, prefill_step_size=16)]
+    unpatch()
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for i, ((_, a), (_, b)) in enumerate(zip(got, want)):
+        assert_close(a, b, TOL[mx.float16], what=f"generate_step token {i}")
+    assert unpatch.decode["fused"] >= 2 * 6, unpatch.decode
