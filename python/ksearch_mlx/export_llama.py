@@ -491,8 +491,9 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     (decode: one token) runs the whole block as few launches: the input RMSNorm, the stacked q, k and
     v projection and the fused RoPE at the cache's offset in one compiled stretch (the offset an input
     of the RoPE launch, so one trace serves every position), the cache update and stock's SDPA over
-    the cache, then the fused rest above (default True). Stock's block is about 18 launches a layer
-    and decode on MLX's CUDA back-end is bound by them, not by the weights' bytes; this path is 12.
+    the cache, then the fused rest above (default True). Stock's block is about 19 launches a layer
+    (three projections, two RoPEs, the output's transpose, the residual adds...) and decode on MLX's
+    CUDA back-end is bound by them, not by the weights' bytes; this path is about 11.
     Its attention is stock's SDPA: `unpatch.stats` counts it as stock ("short"), `unpatch.decode`
     counts the blocks ({"fused": n})."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
