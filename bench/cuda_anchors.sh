@@ -14,7 +14,7 @@ mkdir -p "$OUTDIR"
 ROUNDS=${ROUNDS:-2}
 ATT_FIX=${ATT_FIX:-BLOCK_N=128,STAGES=3,KVS=0,WIDE=1,SMALL_L=1,EMU=0,DA=0,TMA_MIN=0,OV=1,MC=0}
 C="HS=1,XR=1,CV=1,YP=1,YS=1,YD=1,MB=0,HO=0,A1=0,CF=1"
-SCAN_FIX=${SCAN_FIX:-$C,LM=1,G=4,K=16,W=8,DW=0,SL=3,YL=0,AO=0}
+SCAN_FIX=${SCAN_FIX:-$C,LM=1,G=4,K=16,W=8,DW=0,SL=3,YL=0,AO=1}
 att() {  # att prepare|run [timeout seconds]
     KS_CUBIN_DIR=$PWD/.att-cubins KS_BACKENDS=cuda KS_KERNELS=flash_ws KS_MAXCFG=1 \
         KS_SUITES=${ATT_SUITES:-anchor,heldout,long} KS_TIME=1 KS_FIX=$ATT_FIX \

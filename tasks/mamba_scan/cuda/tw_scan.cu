@@ -131,8 +131,11 @@
 // W runs a load: its piece of the delta or u rows and its 16-byte chunks of Bm and Cm; y's rows from an offset
 // stepped the same way) takes out part of what a run spends forming addresses: with the rows aligned, the run's
 // path goes from 902 to 880 instructions in NVRTC 13's machine code (the copies' block from about 70 to 52, the
-// stores' from 40 to 33), at 128 registers, no spills; G 2 needs K <= 8 (one piece a lane). Not timed yet:
-// default 0 in both units.
+// stores' from 40 to 33), at 128 registers, no spills; G 2 needs K <= 8 (one piece a lane). Timed on an H100
+// (2026-12-07, bench/h100-2026-12-07-scan-ao.txt, three rounds, every element checked, compute-sanitizer 0
+// errors on the held-out and stress shapes): 79.8 -> 78.5 us at L = 4096 (1.98x mamba_ssm), 43.0 -> 42.3 at
+// d_inner 1536, 35.8 -> 35.3 at 3072, 84.0 -> 83.8 at batch 4, 16.3 -> 16.4 at L 512: both units' default
+// since.
 // Measured on an H100 (2026-12-05, bench/h100-2026-12-05-scan-tw.txt; every element of every run
 // checked, compute-sanitizer 0 errors), against mamba_ssm's selective-scan forward and warp_scan in the
 // same call. The defaults (G 4, W 8, K 16, SL 3, XR 1): 92.5 us at 1,4096,2048 (1.67x mamba_ssm;
@@ -212,7 +215,7 @@
 #define YL 0
 #endif
 #ifndef AO
-#define AO 0
+#define AO 1
 #endif
 #define CH (32 / G)            // channels per block (and per warp)
 #define S (NS / G)             // states per lane
