@@ -10,7 +10,9 @@
 #              generate_step, medians of 3 (bench/mlx_e2e.py --tail)
 #   llama      the 1.0 B random-weight mlx-lm Llama stock against patch_mlx_lm_llama with flash_ws:
 #              prefill at L 2048 / 4096, decode, logits (bench/mlx_llama.py)
-# STEPS (default "attention scan mamba llama") picks steps; REPS (default 20) the attention repetitions.
+#   decode     that model's decode, stock against the patch with and without fuse_decode (and two
+#              variants of it), interleaved rounds in one process (bench/mlx_llama_decode.py)
+# STEPS (default "attention scan mamba llama decode") picks steps; REPS (default 20) the attention repetitions.
 # Each step has its own time box (170 + 100 + 120 + 190 s); on an H100 (2026-12-06) they took 57, 9, 60 and
 # 26 s, and MLX's install 14, so one 600 s call does all four. Logs in $OUT.
 #
@@ -26,7 +28,7 @@ OUTDIR=${OUT:-/tmp/mlx-anchors}
 mkdir -p "$OUTDIR"
 export OUT=$OUTDIR PYTHONUNBUFFERED=1 KSEARCH_TASKS=$ROOT/tasks KSEARCH_KB=$ROOT/kb
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
-STEPS=${STEPS:-attention scan mamba llama}
+STEPS=${STEPS:-attention scan mamba llama decode}
 say() { echo "[mlx_anchors ${SECONDS}s] $*"; }
 FAILED=()
 
@@ -58,6 +60,7 @@ step attention 170 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_attention.py --v
 step scan 100 env KS_CUBIN_DIR="$ROOT/.scan-cubins-tw" python3 bench/mlx_scan.py --kernel tw_scan --configs default --top 0
 step mamba 120 python3 bench/mlx_e2e.py --tail --lengths 512 --decode-steps 128 --budget 100
 step llama 190 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama.py --no-f32 --budget 170 --reps 3
+step decode 150 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama_decode.py
 
 echo
 echo "==== summary (ratio = stock or peer time / ours: > 1 is faster) ===="
@@ -65,6 +68,7 @@ echo "==== summary (ratio = stock or peer time / ours: > 1 is faster) ===="
 [ -f "$OUTDIR/scan.log" ] && sed -n '/^==== tw_scan/,/^$/p' "$OUTDIR/scan.log"
 [ -f "$OUTDIR/mamba.log" ] && grep -E "^decode|^  runs|^prefill" "$OUTDIR/mamba.log" | tail -8
 [ -f "$OUTDIR/llama.log" ] && grep -E "^attention alone|^ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$|^prefill|^decode|^logits|^measured" "$OUTDIR/llama.log"
+[ -f "$OUTDIR/decode.log" ] && sed -n '/^== mlx-lm Llama decode/,$p' "$OUTDIR/decode.log"
 # Exit status: 1 when a step failed or was cut off (its log in $OUT says why), else 0.
 if [ ${#FAILED[@]} -gt 0 ]; then
     echo "failed or cut off: ${FAILED[*]} (logs in $OUTDIR)"

@@ -43,6 +43,14 @@ LLAMA_MARGIN = 0.95
 # process's life, so a server meeting many prompt lengths stops compiling new ones after these.
 LLAMA_COMPILE_SHAPES = 64
 
+# The fused tail's products with fewer rows (B * L) than this are a matmul and an add, not one
+# mx.addmm with the residual in it. On MLX's CUDA back-end (0.32) a one-row matmul takes MLX's own
+# gemv kernel, while AddMM always builds a cuBLASLt GEMM with a bias epilogue, host set-up and all:
+# a decode step through addmm ran 0.83-0.88x of stock's tokens/s where stock's block ran 1.00-1.13x
+# in the same call (H100, 2026-12-07, bench/h100-2026-12-07-mlx-anchors.txt). Read when a patch is
+# made (1: always addmm, as before).
+LLAMA_ADDMM_MIN_ROWS = 2
+
 
 # RoPE of the query and key projections, and the value projection's move to the cache's order, in
 # one launch, for mlx-lm's `nn.RoPE` (not traditional, dims = head size) on MLX's CUDA back-end.
@@ -484,8 +492,9 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     (f16; mlx-lm's swiglu elsewhere) and down_proj with the second residual in its epilogue,
     compiled as `compile` says. Blocks whose MLP or norm are not mlx-lm's Llama ones (bias-free
     nn.Linear of the activations' dtype, nn.RMSNorm), shorter chunks and decode run stock's block.
-    The residual sums are rounded once instead of twice (stock rounds the product, then the sum):
-    logits agree with stock's to f16 rounding, not bit for bit. `unpatch.mlp` counts the blocks it
+    The residual sums are rounded once instead of twice (stock rounds the product, then the sum;
+    a one-row chunk keeps stock's two, see LLAMA_ADDMM_MIN_ROWS): logits agree with stock's to f16
+    rounding, not bit for bit. `unpatch.mlp` counts the blocks it
     ran ({"fused": n}).
     `fuse_decode`: where fuse_qkv and fuse_mlp hold, a chunk shorter than `min_len` with a KV cache
     (decode: one token) runs the whole block as few launches: the input RMSNorm, the stacked q, k and
@@ -493,7 +502,8 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     of the RoPE launch, so one trace serves every position), the cache update and stock's SDPA over
     the cache, then the fused rest above (default True). Stock's block is about 19 launches a layer
     (three projections, two RoPEs, the output's transpose, the residual adds...) and decode on MLX's
-    CUDA back-end is bound by them, not by the weights' bytes; this path is about 11.
+    CUDA back-end is bound by them, not by the weights' bytes; this path is about 13 (one token:
+    o_proj and down_proj each a gemv and an add, LLAMA_ADDMM_MIN_ROWS).
     Its attention is stock's SDPA: `unpatch.stats` counts it as stock ("short"), `unpatch.decode`
     counts the blocks ({"fused": n})."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
@@ -574,12 +584,22 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
 
     # The block's rest after the attention (fuse_mlp): o_proj and the residual, the post-attention
     # norm, the MLP and its residual; `o` is o_proj's input (None: `r` is the attention's output).
+    # With fewer than LLAMA_ADDMM_MIN_ROWS rows (decode), each product and its residual are a matmul
+    # and an add, stock's arithmetic (see LLAMA_ADDMM_MIN_ROWS).
+    addmm_rows = LLAMA_ADDMM_MIN_ROWS
+
     def tail(x, o, wo, r, ln_w, wgu, wd, eps):
         B, L, M = x.shape
-        x2 = x.reshape(B * L, M)
-        h = mx.addmm(x2, o.reshape(B * L, -1), wo.T) if o is not None else x2 + r.reshape(B * L, M)
+        rows = B * L
+        x2 = x.reshape(rows, M)
+        fold = rows >= addmm_rows
+        if o is None:
+            h = x2 + r.reshape(rows, M)
+        else:
+            o2 = o.reshape(rows, -1)
+            h = mx.addmm(x2, o2, wo.T) if fold else x2 + o2 @ wo.T
         act = swiglu(mx.fast.rms_norm(h, ln_w, eps) @ wgu.T)
-        return mx.addmm(h, act, wd.T).reshape(B, L, M)
+        return (mx.addmm(h, act, wd.T) if fold else h + act @ wd.T).reshape(B, L, M)
 
     # A decode step's front (fuse_decode): the input norm, the stacked projection and the fused RoPE
     # with its dims (the offset among them) and p arrays as inputs.

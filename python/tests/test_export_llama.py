@@ -787,3 +787,50 @@ def test_fuse_decode_runs_decode_blocks_fused_with_the_offset_an_input(monkeypat
     for i, ((_, a), (_, b)) in enumerate(zip(got, want)):
         assert_close(a, b, TOL[mx.float16], what=f"generate_step token {i}")
     assert unpatch.decode["fused"] >= 2 * 6, unpatch.decode
+
+
+def test_one_row_products_are_a_matmul_and_an_add_not_addmm(monkeypatch):
+    """The fused tail's o_proj and down_proj with their residuals: one mx.addmm each where a chunk
+    has LLAMA_ADDMM_MIN_ROWS rows or more (prefill, a decode step of two sequences), a matmul and an
+    add for one row (one sequence's decode step: MLX's CUDA back-end takes its gemv kernel for
+    that, cuBLASLt for any addmm); the logits as stock's either way."""
+    import mlx.nn as nn
+
+    m = tiny_llama(mx.float16)
+    ids = mx.random.randint(0, 101, (2, 24))
+
+    def qkv_reference(qkv, H, Hkv, rope, offset=0):
+        module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
+        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
+
+    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
+    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference([]))
+    addmm_rows = []
+    real_addmm = mx.addmm
+
+    def counting_addmm(c, a, b, *args, **kw):
+        addmm_rows.append(a.shape[0])
+        return real_addmm(c, a, b, *args, **kw)
+
+    monkeypatch.setattr(mx, "addmm", counting_addmm)
+
+    def run(batch, min_rows):
+        monkeypatch.setattr(export_llama, "LLAMA_ADDMM_MIN_ROWS", min_rows)
+        x = ids[:batch]
+        ref = prefill_and_decode(m, x, 2)
+        unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
+                                                  rope=export_llama._llama_rope_cuda, compile=False)
+        addmm_rows.clear()
+        got = prefill_and_decode(m, x, 2)
+        unpatch()
+        assert unpatch.decode == {"fused": 4}, unpatch.decode  # 2 steps x 2 layers
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert_close(a, b, TOL[mx.float16], what=f"batch {batch}, min rows {min_rows}, call {i}")
+        return list(addmm_rows)
+
+    # one sequence: the prefill's 2 layers x 2 products through addmm (24 rows), the decode's none
+    assert run(1, export_llama.LLAMA_ADDMM_MIN_ROWS) == [24] * 4
+    # two sequences: every product through addmm, the decode's two-row ones too
+    assert run(2, export_llama.LLAMA_ADDMM_MIN_ROWS) == [48] * 4 + [2] * 8
+    # LLAMA_ADDMM_MIN_ROWS 1: addmm for one row too (the path as it was)
+    assert run(1, 1) == [24] * 4 + [1] * 8
