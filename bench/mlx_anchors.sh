@@ -13,8 +13,8 @@
 #   decode     that model's decode, stock against the patch with and without fuse_decode (and two
 #              variants of it), interleaved rounds in one process (bench/mlx_llama_decode.py)
 # STEPS (default "attention scan mamba llama decode") picks steps; REPS (default 20) the attention repetitions.
-# Each step has its own time box (170 + 100 + 120 + 190 s); on an H100 (2026-12-06) they took 57, 9, 60 and
-# 26 s, and MLX's install 14, so one 600 s call does all four. Logs in $OUT.
+# Each step has its own time box (170 + 100 + 120 + 190 + 150 s); on an H100 (2026-12-07) they took 89, 13, 73,
+# 34 and 51 s, and MLX's install 20, so one 600 s call does all five. Logs in $OUT.
 #
 # Here:   ../shared/tools/stage-mlx-cuda                 (stages .mlx-a/ and .mlx-b/)
 #         ANCHORS_PREPARE=1 bash bench/cuda_anchors.sh   (NVRTC into .scan-cubins-tw, among others)
