@@ -47,8 +47,9 @@ LLAMA_COMPILE_SHAPES = 64
 # mx.addmm with the residual in it. On MLX's CUDA back-end (0.32) a one-row matmul takes MLX's own
 # gemv kernel, while AddMM always builds a cuBLASLt GEMM with a bias epilogue, host set-up and all:
 # a decode step through addmm ran 0.83-0.88x of stock's tokens/s where stock's block ran 1.00-1.13x
-# in the same call (H100, 2026-12-07, bench/h100-2026-12-07-mlx-anchors.txt). Read when a patch is
-# made (1: always addmm, as before).
+# in the same call (H100, 2026-12-07, bench/h100-2026-12-07-mlx-anchors.txt); with this rule the step
+# ran 1.11x of stock in mlx-lm's generate_step, through addmm 0.87-0.92x in the same rounds
+# (bench/h100-2026-12-07-llama-decode.txt). Read when a patch is made (1: always addmm, as before).
 LLAMA_ADDMM_MIN_ROWS = 2
 
 
