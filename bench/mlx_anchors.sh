@@ -12,7 +12,8 @@
 #              prefill at L 2048 / 4096, decode, logits (bench/mlx_llama.py)
 #   decode     that model's decode, stock against the patch with and without fuse_decode (and two
 #              variants of it), interleaved rounds in one process (bench/mlx_llama_decode.py)
-# STEPS (default "attention scan mamba llama decode") picks steps; REPS (default 20) the attention repetitions.
+# STEPS (default "attention scan mamba llama decode") picks steps; REPS (default 20) the attention repetitions;
+# DECODE_ARGS, arguments of the decode step (e.g. "--builds fused,replan --rounds 9").
 # Each step has its own time box (170 + 100 + 120 + 190 + 150 s); on an H100 (2026-12-07) they took 89, 13, 73,
 # 34 and 51 s, and MLX's install 20, so one 600 s call does all five. Logs in $OUT.
 #
@@ -60,7 +61,7 @@ step attention 170 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_attention.py --v
 step scan 100 env KS_CUBIN_DIR="$ROOT/.scan-cubins-tw" python3 bench/mlx_scan.py --kernel tw_scan --configs default --top 0
 step mamba 120 python3 bench/mlx_e2e.py --tail --lengths 512 --decode-steps 128 --budget 100
 step llama 190 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama.py --no-f32 --budget 170 --reps 3
-step decode 150 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama_decode.py
+step decode 150 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama_decode.py ${DECODE_ARGS:-}
 
 echo
 echo "==== summary (ratio = stock or peer time / ours: > 1 is faster) ===="

@@ -433,19 +433,30 @@ def bench_prefill_chunked(model, tg, L, chunk, reps, vocab):
     return row
 
 
-def decode_sync(model, prompt, n):
+def decode_sync(model, prompt, n, phases=None):
+    """Tokens/s of a synchronous loop (model, argmax, eval per token). `phases`: a list that gets
+    the median seconds a token spends building the step's graph in Python (the model's call) and
+    evaluating it (MLX encoding and launching it, then waiting for the GPU)."""
     c = mlx_cache.make_prompt_cache(model)
     logits = model(prompt[None], cache=c)
     tok = mx.argmax(logits[:, -1:], axis=-1)
     mx.eval(tok)
     mx.synchronize()
+    build, run = [], []
     t0 = time.perf_counter()
     for _ in range(n):
+        ta = time.perf_counter()
         logits = model(tok, cache=c)
         tok = mx.argmax(logits[:, -1:], axis=-1)
+        tb = time.perf_counter()
         mx.eval(tok)
+        run.append(time.perf_counter() - tb)
+        build.append(tb - ta)
     mx.synchronize()
-    return n / (time.perf_counter() - t0)
+    rate = n / (time.perf_counter() - t0)
+    if phases is not None:
+        phases.append((statistics.median(build), statistics.median(run)))
+    return rate
 
 
 def decode_generate(model, prompt, n):

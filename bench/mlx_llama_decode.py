@@ -12,12 +12,14 @@ Builds (each its own patch, toggled on the classes as bench/mlx_llama.py does):
   fused       the patch's default: fuse_decode, one-row products as a matmul and an add (gemv)
   addmm       fuse_decode with its products through mx.addmm at one row too (LLAMA_ADDMM_MIN_ROWS 1)
   uncompiled  fuse_decode with compile=False
+  replan      fuse_decode checking each block at every step (LLAMA_DECODE_PLAN False)
 For each build, every decode step's logits against stock's (stock's tokens fed to both). Then
 --rounds rounds; in each, each method (a synchronous loop: model, argmax, eval per token; and
 mlx-lm's generate_step, greedy) runs every build for --decode tokens after a --prompt token prompt,
 the builds' order rotated from round to round. Reported: each build's median tokens/s, and the
-median over rounds of its rate divided by stock's in the same round. Writes
-$OUT/mlx_llama_decode.json.
+median over rounds of its rate divided by stock's in the same round, and where the synchronous
+loop's token goes: building the step's graph in Python, then evaluating it (MLX's encoding and
+launches, and the wait for the GPU). Writes $OUT/mlx_llama_decode.json.
 """
 import argparse
 import json
@@ -37,18 +39,21 @@ BUILDS = {
     "fused": dict(),
     "addmm": dict(addmm_min_rows=1),
     "uncompiled": dict(compile=False),
+    "replan": dict(decode_plan=False),
 }
 
 
-def make_toggle(attention, admits, min_len, addmm_min_rows=None, **kw):
-    keep = export_llama.LLAMA_ADDMM_MIN_ROWS
-    if addmm_min_rows is not None:
-        export_llama.LLAMA_ADDMM_MIN_ROWS = addmm_min_rows  # read when the patch is made
+def make_toggle(attention, admits, min_len, addmm_min_rows=None, decode_plan=None, **kw):
+    keep = export_llama.LLAMA_ADDMM_MIN_ROWS, export_llama.LLAMA_DECODE_PLAN
+    if addmm_min_rows is not None:  # module constants, read when the patch is made
+        export_llama.LLAMA_ADDMM_MIN_ROWS = addmm_min_rows
+    if decode_plan is not None:
+        export_llama.LLAMA_DECODE_PLAN = decode_plan
     try:
         unpatch = export_llama.patch_mlx_lm_llama(attention, min_len=min_len, admits=admits, dtypes=(mx.float16,),
                                                   choose="always", **kw)
     finally:
-        export_llama.LLAMA_ADDMM_MIN_ROWS = keep
+        export_llama.LLAMA_ADDMM_MIN_ROWS, export_llama.LLAMA_DECODE_PLAN = keep
     return ml.Toggle(unpatch)
 
 
@@ -90,6 +95,7 @@ def main():
         if mode != "stock":
             toggles[mode].on()
 
+    phases = {m: [] for m in modes}  # the sync loop's (build, eval) seconds a token, per round
     for method, fn in (("sync loop", ml.decode_sync), ("generate_step", ml.decode_generate)):
         rates = {m: [] for m in modes}
         for m in modes:  # warm-up: every build's traces and kernels made
@@ -99,10 +105,14 @@ def main():
             order = modes[r % len(modes):] + modes[: r % len(modes)]
             for m in order:
                 set_mode(m)
-                rates[m].append(fn(model, prompt, n))
+                if fn is ml.decode_sync:
+                    rates[m].append(fn(model, prompt, n, phases=phases[m]))
+                else:
+                    rates[m].append(fn(model, prompt, n))
         set_mode("stock")
         res["rates"][method] = rates
         ml.log(f"decode {method}: {json.dumps(rates)}")
+    res["sync_phases"] = phases
 
     decode_counts = {b: dict(getattr(tg.unpatch, "decode", {})) for b, tg in toggles.items()}
     res["decode_paths"] = decode_counts
@@ -120,6 +130,9 @@ def main():
             lg = "" if g is None else (f"worst step max rel {g['max_rel']:.2e}, bad {g['bad']}/{g['elements']}, "
                                        f"top-1 {100 * g['top1_agree']:.1f}%")
             lines.append(f"{method:<14} {m:<11} {med:>15.1f} {rel:>28.3f}  {lg}")
+    lines.append("sync loop, where a token's time goes (medians over rounds of each run's median token): "
+                 + "; ".join(f"{m} build {1e6 * statistics.median(b for b, _ in phases[m]):.0f} us + eval "
+                             f"{1e6 * statistics.median(e for _, e in phases[m]):.0f} us" for m in modes if phases[m]))
     lines.append(f"fused decode blocks per build: {decode_counts}")
     print("\n" + "\n".join(lines), flush=True)
     bad = [b for b, g in res["logits"].items() if g["bad"]]

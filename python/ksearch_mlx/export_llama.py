@@ -52,6 +52,12 @@ LLAMA_COMPILE_SHAPES = 64
 # (bench/h100-2026-12-07-llama-decode.txt). Read when a patch is made (1: always addmm, as before).
 LLAMA_ADDMM_MIN_ROWS = 2
 
+# fuse_decode keeps what it checked of a block on its first decode step (see decode_plan in
+# patch_mlx_lm_llama) and later steps only confirm the block's modules and weights are the same
+# objects; False checks everything at every step (the path as it was, for A/B timing). Read when a
+# patch is made.
+LLAMA_DECODE_PLAN = True
+
 
 # RoPE of the query and key projections, and the value projection's move to the cache's order, in
 # one launch, for mlx-lm's `nn.RoPE` (not traditional, dims = head size) on MLX's CUDA back-end.
@@ -588,6 +594,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     # With fewer than LLAMA_ADDMM_MIN_ROWS rows (decode), each product and its residual are a matmul
     # and an add, stock's arithmetic (see LLAMA_ADDMM_MIN_ROWS).
     addmm_rows = LLAMA_ADDMM_MIN_ROWS
+    keep_plan = LLAMA_DECODE_PLAN
 
     def tail(x, o, wo, r, ln_w, wgu, wd, eps):
         B, L, M = x.shape
@@ -834,39 +841,77 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
             return f(x, r, ln["weight"], wgu, wd, eps)
         return tail(x, None, None, r, ln["weight"], wgu, wd, eps)
 
+    def decode_leaves(blk):
+        """What a decode plan of block `blk` is checked on: its attention, MLP and norms, the norms'
+        weights and the projections' (the stacked matrices' row views once made)."""
+        attn, mlp = blk.get("self_attn"), blk.get("mlp")
+        ln0, ln = blk.get("input_layernorm"), blk.get("post_attention_layernorm")
+        leaves = [attn, mlp, ln0, ln]
+        for m, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for n in names:
+                sub = m.get(n) if isinstance(m, dict) else None
+                leaves.append(sub.get("weight") if isinstance(sub, dict) else sub)
+        leaves += [n.get("weight") if isinstance(n, dict) else None for n in (ln0, ln)]
+        return leaves
+
+    def decode_plan(self, x):
+        """What fuse_decode's path serves block `self` with for activations of x's dtype, or None
+        where it does not hold: (the attention, H, Hkv, its RoPE module, the input norm's weight and
+        eps, the stacked q/k/v weight, o_proj's weight, the post-attention norm's weight and eps, the
+        stacked gate/up weight, down_proj's weight, the compiled steps per (B, L)). Checked on a
+        block's first decode step and kept on the block with the objects it was checked on; a later
+        step only compares their ids (a replaced weight or module: loading, fine-tuning, quantising,
+        makes it again). The checks cost about 7.5 us of Python a layer and step, a tenth of a
+        millisecond a token over 16 layers, where the host's work is what bounds decode."""
+        import mlx.nn as nn
+
+        plan = self.__dict__.get("_ks_decode_plan") if keep_plan else None
+        if (plan is not None and plan[0] is decode_block and plan[1] == x.dtype
+                and plan[2] == tuple(map(id, decode_leaves(self)))):
+            return plan[4]
+        attn, ln0 = self["self_attn"], self["input_layernorm"]
+        got = None
+        if type(attn) is cls and type(ln0) is nn.RMSNorm and "weight" in ln0 and _llama_rope_fits_shape(
+                attn.rope, attn.head_dim, x.dtype, attn["q_proj"].get("weight", x).dtype):  # before stacking
+            mw = mlp_weights(self, x)
+            wo = o_weight(attn, x)
+            w = None if mw is None or wo is None else _llama_qkv_weight(attn)
+            if w is not None and w.dtype == x.dtype:
+                ln, wgu, wd = mw
+                got = (attn, attn.n_heads, attn.n_kv_heads, attn.rope, ln0["weight"], float(ln0.eps), w, wo,
+                       ln["weight"], float(ln.eps), wgu, wd, {})
+        if not keep_plan:
+            return got
+        leaves = decode_leaves(self)  # after stacking: the projections' weights are its rows now
+        # not Module.__setattr__: no parameter or child of the model; the leaves are kept so that their ids stay theirs
+        object.__setattr__(self, "_ks_decode_plan", (decode_block, x.dtype, tuple(map(id, leaves)), leaves, got))
+        return got
+
     def decode_block(self, x, mask, cache):
         """A chunk shorter than min_len (decode) through fuse_decode's path, or None where it does
         not hold (then stock's block runs)."""
-        import mlx.nn as nn
-
         if not (fuse_decode and fuse_mlp and fuse_qkv and rope is _llama_rope_cuda) or cache is None:
             return None
-        attn, ln0 = self["self_attn"], self["input_layernorm"]
-        if type(attn) is not cls or cls.__dict__.get("__call__") is not __call__:
-            return None
-        if type(ln0) is not nn.RMSNorm or "weight" not in ln0 or hasattr(cache, "bits"):
+        if cls.__dict__.get("__call__") is not __call__ or hasattr(cache, "bits"):
             return None
         off = getattr(cache, "offset", None)
         if not (isinstance(off, int) and off >= 0 and hasattr(cache, "update_and_fetch")):
             return None
         if not (mask is None or (isinstance(mask, str) and mask == "causal")):
             return None
-        if not _llama_rope_fits_shape(attn.rope, attn.head_dim, x.dtype, attn["q_proj"].get("weight", x).dtype):
-            return None  # checked before stacking, as fused_front does
-        mw = mlp_weights(self, x)
-        wo = o_weight(attn, x)
-        if mw is None or wo is None:
+        plan = decode_plan(self, x)
+        if plan is None:
             return None
-        w = _llama_qkv_weight(attn)
-        if w is None or w.dtype != x.dtype:
-            return None
-        ln, wgu, wd = mw
+        attn, H, Hkv, r, ln0_w, eps0, w, wo, ln_w, eps, wgu, wd, steps = plan
         B, L, M = x.shape
-        H, Hkv, r = attn.n_heads, attn.n_kv_heads, attn.rope
+        fns = steps.get((B, L))
+        if fns is None:
+            dt = str(x.dtype)
+            fns = steps[(B, L)] = (
+                _compiled_for(("front_d", B, L, M, H, Hkv, attn.head_dim, dt, eps0), front_d_c, front_d),
+                _compiled_for(("tail_o", B, L, M, H * attn.head_dim, wgu.shape[0], dt, eps), tail_o_c, None))
         dims, p = _llama_rope_args_for(B, L, H, Hkv, off, r)
-        eps0 = float(ln0.eps)
-        sig = ("front_d", B, L, M, H, Hkv, attn.head_dim, str(x.dtype), eps0)
-        q, k, v = _compiled_for(sig, front_d_c, front_d)(x, ln0["weight"], w, dims, p, H, Hkv, eps0)
+        q, k, v = fns[0](x, ln0_w, w, dims, p, H, Hkv, eps0)
         keys, values = cache.update_and_fetch(k, v)
         o = _llama.scaled_dot_product_attention(q.transpose(0, 2, 1, 3), keys, values, cache=cache, scale=attn.scale,
                                                 mask=mask)
@@ -875,7 +920,9 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         decode_stats["fused"] += 1
         # [B, H, 1, D] is [B, 1, H, D] in memory: one token's output needs no transpose (a copy)
         o = o.reshape(B, L, -1) if L == 1 else o.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        return tail_with_o(x, o, wo, ln, wgu, wd)
+        if fns[1] is not None:
+            return fns[1](x, o, wo, ln_w, wgu, wd, eps)
+        return tail(x, o, wo, None, ln_w, wgu, wd, eps)
 
     def block_call(self, x, mask=None, cache=None):
         if x.shape[1] < min_len:  # decode: fuse_decode's path, else stock's block as it is

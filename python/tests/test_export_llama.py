@@ -834,3 +834,68 @@ def test_one_row_products_are_a_matmul_and_an_add_not_addmm(monkeypatch):
     assert run(2, export_llama.LLAMA_ADDMM_MIN_ROWS) == [48] * 4 + [2] * 8
     # LLAMA_ADDMM_MIN_ROWS 1: addmm for one row too (the path as it was)
     assert run(1, 1) == [24] * 4 + [1] * 8
+
+
+def test_a_blocks_decode_plan_is_kept_and_follows_replaced_weights_and_modules(monkeypatch):
+    """fuse_decode checks a block once and keeps what it found (its plan) on the block: later steps
+    reuse it; replacing a weight (o_proj's, down_proj's, a norm's: loading, fine-tuning) or a module
+    (quantising a projection) makes it again, so decode computes with the model as it is now, the
+    logits as stock's on the changed model at every step."""
+    import mlx.nn as nn
+
+    m = tiny_llama(mx.float16)
+    ids = mx.random.randint(0, 101, (2, 24))
+
+    def qkv_reference(qkv, H, Hkv, rope, offset=0):
+        module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
+        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
+
+    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
+    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference([]))
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
+                                              rope=export_llama._llama_rope_cuda)
+    try:
+        prefill_and_decode(m, ids, 2)
+        blocks = m.model.layers
+        plans = [b.__dict__["_ks_decode_plan"] for b in blocks]
+        prefill_and_decode(m, ids, 2)
+        assert all(b.__dict__["_ks_decode_plan"] is p for b, p in zip(blocks, plans)), "a plan was made again"
+        assert unpatch.decode == {"fused": 8}, unpatch.decode
+
+        def replace_and_compare(what, change):
+            change()
+            unpatch_off = dict(unpatch.decode)
+            got = prefill_and_decode(m, ids, 3)
+            # stock on the changed model: the classes' own methods for the time of the reference
+            from mlx_lm.models import llama
+
+            patched = (llama.Attention.__dict__["__call__"], llama.TransformerBlock.__dict__["__call__"])
+            llama.Attention.__call__ = patched[0]._ksearch_stock
+            llama.TransformerBlock.__call__ = patched[1]._ksearch_stock
+            try:
+                ref = prefill_and_decode(m, ids, 3)
+            finally:
+                llama.Attention.__call__, llama.TransformerBlock.__call__ = patched
+            for i, (a, b) in enumerate(zip(got, ref)):
+                assert_close(a, b, TOL[mx.float16], what=f"{what}: call {i}")
+            return unpatch.decode["fused"] - unpatch_off["fused"]
+
+        def fresh(w, seed):
+            return (mx.random.normal(w.shape, key=mx.random.key(seed)) * 0.05).astype(w.dtype)
+
+        b0 = blocks[0]
+        for what, change in (
+            ("o_proj", lambda: setattr(b0.self_attn.o_proj, "weight", fresh(b0.self_attn.o_proj.weight, 1))),
+            ("down_proj", lambda: setattr(b0.mlp.down_proj, "weight", fresh(b0.mlp.down_proj.weight, 2))),
+            ("input norm", lambda: setattr(b0.input_layernorm, "weight", b0.input_layernorm.weight * 1.5)),
+            ("q_proj", lambda: b0.self_attn.q_proj.update({"weight": fresh(b0.self_attn.q_proj.weight, 3)})),
+        ):
+            assert replace_and_compare(what, change) == 3 * len(blocks), what
+            assert b0.__dict__["_ks_decode_plan"] is not plans[0], f"{what}: the old plan kept"
+            plans[0] = b0.__dict__["_ks_decode_plan"]
+        # a quantised projection: the path no longer serves the block (stock's block), nor do
+        # its logits come from the old weights
+        b0.mlp.down_proj = nn.QuantizedLinear.from_linear(b0.mlp.down_proj, group_size=32, bits=8)
+        assert replace_and_compare("quantised down_proj", lambda: None) == 3 * (len(blocks) - 1)
+    finally:
+        unpatch()
