@@ -63,8 +63,9 @@ def main():
     kc, vc = rnd(1, Hkv, T + 256, D), rnd(1, Hkv, T + 256, D)
     q = rnd(1, H, 1, D)
     off = mx.array(T, dtype=mx.int32)
-    upd, pos = rnd(1, Hkv, 1, D), mx.array([0, 0, T, 0])  # one position's keys, written as a KV cache does
-    mx.eval(x, w_sq, w_up, w_down, ln, kc, vc, q, off, upd, pos)
+    upd, pos = rnd(1, Hkv, 1, D), mx.array([0, 0, T, 0])
+    keep = (mx.arange(T + 256) < T).reshape(1, 1, 1, T + 256)  # one position's keys, written as a KV cache does
+    mx.eval(x, w_sq, w_up, w_down, ln, kc, vc, q, off, upd, pos, keep)
 
     from ksearch_mlx import export_llama as el
 
@@ -84,6 +85,8 @@ def main():
             lambda qq: mx.fast.rope(qq, D, traditional=False, base=10000.0, scale=1.0, offset=off), q),
         f"sdpa, one query over {T} keys (GQA {H}/{Hkv})": (
             lambda qq: mx.fast.scaled_dot_product_attention(qq, kc[:, :, :T], vc[:, :, :T], scale=D ** -0.5), q),
+        f"sdpa, one query over a {T + 256}-key buffer, a boolean mask keeping {T}": (
+            lambda qq: mx.fast.scaled_dot_product_attention(qq, kc, vc, scale=D ** -0.5, mask=keep), q),
     }
     kinds[f"concatenate of two [1, {I}] halves"] = (lambda g: mx.concatenate([g[:, :I], g[:, I:]], axis=1), rnd(1, 2 * I))
     if cuda:  # the custom kernel's output [1, I] made [1, 2 I] again by a concatenation (the kind above)
