@@ -173,7 +173,7 @@ class Toggle:
     """The patch made once; on() / off() swap the classes' methods (the attention's and, with
     fuse_mlp, the block's), so the path counts accumulate."""
 
-    CLASSES = (llama.Attention, llama.TransformerBlock, llama.LlamaModel)
+    CLASSES = (llama.Attention, llama.TransformerBlock)
 
     def __init__(self, unpatch):
         self.unpatch = unpatch

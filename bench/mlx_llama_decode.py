@@ -9,11 +9,10 @@ CUDA back-end is bound by the host work that builds and launches each step) fall
 Builds (each its own patch, toggled on the classes as bench/mlx_llama.py does):
   stock       mlx-lm as it is
   block       the patch with fuse_decode=False: a decode step runs stock's block
-  blocks      fuse_decode without fuse_step: each block's decode path, called by the model's layers
-  fused       the patch's default: fuse_step, the whole step one compiled function
-  addmm       the blocks' path with its products through mx.addmm at one row too (LLAMA_ADDMM_MIN_ROWS 1)
-  uncompiled  compile=False (the blocks' path, uncompiled)
-  replan      the blocks' path checking each block at every step (LLAMA_DECODE_PLAN False)
+  fused       the patch's default: fuse_decode, one-row products as a matmul and an add (gemv)
+  addmm       fuse_decode with its products through mx.addmm at one row too (LLAMA_ADDMM_MIN_ROWS 1)
+  uncompiled  fuse_decode with compile=False
+  replan      fuse_decode checking each block at every step (LLAMA_DECODE_PLAN False)
 For each build, every decode step's logits against stock's (stock's tokens fed to both). Then
 --rounds rounds; in each, each method (a synchronous loop: model, argmax, eval per token; and
 mlx-lm's generate_step, greedy) runs every build for --decode tokens after a --prompt token prompt,
@@ -37,11 +36,10 @@ from mlx_llama import mx, export_llama  # noqa: E402
 
 BUILDS = {
     "block": dict(fuse_decode=False),
-    "blocks": dict(fuse_step=False),
     "fused": dict(),
-    "addmm": dict(addmm_min_rows=1, fuse_step=False),
+    "addmm": dict(addmm_min_rows=1),
     "uncompiled": dict(compile=False),
-    "replan": dict(decode_plan=False, fuse_step=False),
+    "replan": dict(decode_plan=False),
 }
 
 
@@ -117,7 +115,6 @@ def main():
     res["sync_phases"] = phases
 
     decode_counts = {b: dict(getattr(tg.unpatch, "decode", {})) for b, tg in toggles.items()}
-    res["step_paths"] = {b: dict(getattr(tg.unpatch, "step", {})) for b, tg in toggles.items()}
     res["decode_paths"] = decode_counts
     with open(os.path.join(ml.OUT, "mlx_llama_decode.json"), "w") as f:
         json.dump(res, f, indent=1)
@@ -136,7 +133,7 @@ def main():
     lines.append("sync loop, where a token's time goes (medians over rounds of each run's median token): "
                  + "; ".join(f"{m} build {1e6 * statistics.median(b for b, _ in phases[m]):.0f} us + eval "
                              f"{1e6 * statistics.median(e for _, e in phases[m]):.0f} us" for m in modes if phases[m]))
-    lines.append(f"fused decode blocks per build: {decode_counts}; whole steps: {res['step_paths']}")
+    lines.append(f"fused decode blocks per build: {decode_counts}")
     print("\n" + "\n".join(lines), flush=True)
     bad = [b for b, g in res["logits"].items() if g["bad"]]
     if bad:

@@ -221,19 +221,6 @@ def _llama_rope_args_for(B, L, H, Hkv, offset, rope):
     return args
 
 
-# Per position: the int32 scalar fuse_step's function takes as the position, made once a token.
-_llama_offsets = {}
-
-
-def _llama_offset(offset):
-    a = _llama_offsets.get(offset)
-    if a is None:
-        if len(_llama_offsets) >= 256:
-            _llama_offsets.clear()
-        a = _llama_offsets[offset] = mx.array(offset, dtype=mx.int32)
-    return a
-
-
 def _llama_rope_qkv_dims(qkv, H, Hkv, dims, p):
     """As _llama_rope_cuda_qkv with the kernel's `dims` and `p` arrays given (see
     _llama_rope_args_for): the position offset is dims[4], an input of the launch rather than a
@@ -448,7 +435,7 @@ def _llama_shape_class(axes, dtype):
 
 
 def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtypes=None, choose="measured", lhd=None,
-                       rope="auto", fuse_qkv=True, compile=True, fuse_mlp=True, fuse_decode=True, fuse_step=True):
+                       rope="auto", fuse_qkv=True, compile=True, fuse_mlp=True, fuse_decode=True):
     """Replaces mlx-lm's `mlx_lm.models.llama.Attention.__call__` (mlx-lm 0.32) so that a prompt
     chunk of at least `min_len` tokens attends with `attention(q, k, v, causal=0|1) -> o`
     (q [B, H, L, D], k and v [B, Hkv, L, D], o [B, H, L, D]) instead of
@@ -525,21 +512,7 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     CUDA back-end is bound by them, not by the weights' bytes; this path is about 13 (one token:
     o_proj and down_proj each a gemv and an add, LLAMA_ADDMM_MIN_ROWS).
     Its attention is stock's SDPA: `unpatch.stats` counts it as stock ("short"), `unpatch.decode`
-    counts the blocks ({"fused": n}).
-    `fuse_step`: where fuse_decode holds for every block and compile is on, mlx-lm's
-    `llama.LlamaModel.__call__` is replaced too, so that a decode step (one token a sequence) with
-    mlx-lm's plain KVCache in every layer, room left in its buffers, runs all layers and the final
-    norm as one compiled function (default True): the weights, the caches' buffers and the position
-    (an int32 array) are its inputs, so one trace serves every position of a buffer's size (mlx-lm
-    grows the buffers 256 positions at a time). Per layer: the input RMSNorm, the stacked q, k, v
-    projection, MLX's RoPE at the position, the new key and value written into the buffers
-    (slice_update at the position: the caches' buffers are replaced by the updated ones and their
-    offsets advanced), MLX's SDPA over the whole buffer with the positions past this one masked out,
-    o_proj and the residual, the post-attention RMSNorm, the stacked gate/up projection, mlx-lm's
-    SwiGLU, down_proj and the residual. The host then builds one call instead of 16 layers of
-    Python, which is what bounds decode on MLX's CUDA back-end (bench/mlx_llama_decode.py splits a
-    token's time). Any other step runs as above. `unpatch.step` counts the steps ({"fused": n}); their
-    blocks count in `unpatch.decode` and `unpatch.stats` as fuse_decode's do."""
+    counts the blocks ({"fused": n})."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
     if attention is None:
         attention = d_attention
@@ -585,10 +558,6 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     blk_cls = _llama.TransformerBlock
     blk_previous = blk_cls.__dict__["__call__"]
     blk_stock = getattr(blk_previous, "_ksearch_stock", blk_previous)
-    mdl_cls = _llama.LlamaModel
-    mdl_previous = mdl_cls.__dict__["__call__"]
-    mdl_stock = getattr(mdl_previous, "_ksearch_stock", mdl_previous)
-    step_stats = {"fused": 0}
     swiglu = _llama_swiglu_cuda if _llama_rope_default() is not None else _llama_swiglu_ops
 
     # What `admits` said per shape: it evaluates the kernel's constraints and builds in Python
@@ -962,120 +931,18 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
         out = fused_block(self, x, mask, cache)
         return blk_stock(self, x, mask, cache) if out is None else out
 
-    # fuse_step: a decode step of the whole model as one compiled function, one per (batch, buffer
-    # size, layers' constants), from the LLAMA_COMPILE_SHAPES budget.
-    step_fns = {}
-
-    def step_fn(consts, norm_eps):
-        """The step of layers with constants `consts` ((H, Hkv, D, eps0, eps, base, scale, attention
-        scale) each) and a final norm of eps `norm_eps`, compiled:
-        (h [B, 1, M], pos int32 [], keys, values [B, Hkv, T, D] each, weights) -> (norm(h'), keys', values')."""
-        import mlx.nn as nn
-
-        def run(h, pos, ks, vs, ws, norm_w):
-            B = h.shape[0]
-            T = ks[0].shape[2]
-            keep = (mx.arange(T) <= pos).reshape(1, 1, 1, T)  # the positions written so far, this one too
-            at = pos.reshape(1)
-            ks2, vs2 = [], []
-            for (H, Hkv, D, eps0, eps, base, scale, att), (ln0_w, w, wo, ln_w, wgu, wd), kc, vc in zip(consts, ws, ks, vs):
-                qkv = (mx.fast.rms_norm(h, ln0_w, eps0) @ w.T).reshape(B, 1, H + 2 * Hkv, D)
-                q = mx.fast.rope(qkv[:, :, :H].transpose(0, 2, 1, 3), D, traditional=False, base=base, scale=scale,
-                                 offset=pos)
-                k = mx.fast.rope(qkv[:, :, H : H + Hkv].transpose(0, 2, 1, 3), D, traditional=False, base=base,
-                                 scale=scale, offset=pos)
-                kc = mx.slice_update(kc, k, at, axes=(2,))
-                vc = mx.slice_update(vc, qkv[:, :, H + Hkv :].transpose(0, 2, 1, 3), at, axes=(2,))
-                ks2.append(kc)
-                vs2.append(vc)
-                o = mx.fast.scaled_dot_product_attention(q, kc, vc, scale=att, mask=keep)
-                h = h + o.reshape(B, 1, H * D) @ wo.T  # [B, H, 1, D] is [B, 1, H, D] in memory
-                gu = mx.fast.rms_norm(h, ln_w, eps) @ wgu.T
-                i = gu.shape[-1] // 2
-                h = h + (nn.silu(gu[..., :i]) * gu[..., i:]) @ wd.T
-            return mx.fast.rms_norm(h, norm_w, norm_eps), ks2, vs2
-
-        return mx.compile(run)
-
-    def step_call(self, inputs, cache, input_embeddings):
-        """A decode step of LlamaModel `self` through fuse_step's function, or None where it does
-        not hold (then the model's own call runs, its blocks through the paths above)."""
-        import mlx.nn as nn
-        from mlx_lm.models.cache import KVCache
-
-        if input_embeddings is not None or cache is None or inputs.ndim != 2 or inputs.shape[1] != 1:
-            return None
-        if blk_cls.__dict__.get("__call__") is not block_call or cls.__dict__.get("__call__") is not __call__:
-            return None
-        if not (fuse_step and compile and fuse_decode and fuse_mlp and fuse_qkv and rope is _llama_rope_cuda):
-            return None
-        layers = self["layers"]
-        if getattr(self, "swa_idx", None) is not None or len(cache) != len(layers) or not layers:
-            return None
-        c0 = cache[0]
-        if type(c0) is not KVCache or c0.keys is None:
-            return None
-        off, T = c0.offset, c0.keys.shape[2]
-        if not (isinstance(off, int) and 0 <= off < T):
-            return None  # no room for this position: mlx-lm's own update grows the buffers
-        for c in cache:
-            if type(c) is not KVCache or c.offset != off or c.keys is None or c.keys.shape[2] != T or c.values.shape[2] != T:
-                return None
-        norm = self["norm"]
-        if type(norm) is not nn.RMSNorm or "weight" not in norm:
-            return None
-        h = self.embed_tokens(inputs)
-        consts, ws = [], []
-        for blk in layers:
-            if type(blk) is not blk_cls or getattr(blk, "use_sliding", False):
-                return None
-            plan = decode_plan(blk, h)
-            if plan is None:
-                return None
-            attn, H, Hkv, r, ln0_w, eps0, w, wo, ln_w, eps, wgu, wd, _ = plan
-            consts.append((H, Hkv, attn.head_dim, eps0, eps, float(r.base), float(r.scale), float(attn.scale)))
-            ws.append((ln0_w, w, wo, ln_w, wgu, wd))
-        if c0.keys.dtype != h.dtype or c0.keys.shape[0] != inputs.shape[0]:
-            return None
-        sig = ("step", inputs.shape[0], T, str(h.dtype), float(norm.eps), tuple(consts))
-        fn = step_fns.get(sig)
-        if fn is None:
-            if sig not in compiled_sigs and len(compiled_sigs) >= LLAMA_COMPILE_SHAPES:
-                return None
-            compiled_sigs.add(sig)
-            fn = step_fns[sig] = step_fn(tuple(consts), float(norm.eps))
-        out, ks, vs = fn(h, _llama_offset(off), [c.keys for c in cache], [c.values for c in cache], ws, norm["weight"])
-        for c, k, v in zip(cache, ks, vs):
-            c.keys, c.values = k, v
-            c.offset = off + 1
-        n = len(layers)
-        step_stats["fused"] += 1
-        decode_stats["fused"] += n
-        stats["stock"] += n
-        reasons["short"] = reasons.get("short", 0) + n
-        return out
-
-    def model_call(self, inputs, cache=None, input_embeddings=None):
-        out = step_call(self, inputs, cache, input_embeddings)
-        return mdl_stock(self, inputs, cache, input_embeddings) if out is None else out
-
     __call__._ksearch_stock = stock
     __call__._ksearch_patched = True
     cls.__call__ = __call__
     block_call._ksearch_stock = blk_stock
     block_call._ksearch_patched = True
     blk_cls.__call__ = block_call
-    model_call._ksearch_stock = mdl_stock
-    model_call._ksearch_patched = True
-    mdl_cls.__call__ = model_call
 
     def unpatch():
         if cls.__dict__.get("__call__") is __call__:
             cls.__call__ = previous
         if blk_cls.__dict__.get("__call__") is block_call:
             blk_cls.__call__ = blk_previous
-        if mdl_cls.__dict__.get("__call__") is model_call:
-            mdl_cls.__call__ = mdl_previous
 
     unpatch.stats = stats
     unpatch.reasons = reasons
@@ -1085,7 +952,6 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     unpatch.qkv = qkv_stats
     unpatch.mlp = mlp_stats
     unpatch.decode = decode_stats
-    unpatch.step = step_stats
     unpatch.choices = choices
     unpatch.admitted = admitted
     return unpatch

@@ -723,9 +723,9 @@ def test_fuse_decode_runs_decode_blocks_fused_with_the_offset_an_input(monkeypat
     monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
     monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference(traced))
 
-    def patch(**kw):  # the blocks' path: fuse_step (the whole model's step) off
+    def patch(**kw):
         return export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
-                                               rope=export_llama._llama_rope_cuda, **{"fuse_step": False, **kw})
+                                               rope=export_llama._llama_rope_cuda, **kw)
 
     unpatch = patch()
     got = prefill_and_decode(m, ids, 3)
@@ -899,111 +899,3 @@ def test_a_blocks_decode_plan_is_kept_and_follows_replaced_weights_and_modules(m
         assert replace_and_compare("quantised down_proj", lambda: None) == 3 * (len(blocks) - 1)
     finally:
         unpatch()
-
-
-def test_fuse_step_runs_a_decode_step_of_every_layer_as_one_compiled_call(monkeypatch):
-    """fuse_step (default): a one-token step with mlx-lm's KVCache in every layer runs all layers
-    as one compiled function, the position an int32 input (one trace for every position of a buffer
-    size), the key and value written into the caches' buffers at the position, SDPA over the whole
-    buffer with later positions masked. Checked against stock at every step, across the buffer's
-    growth (positions 254-257: 256 has no room, so that step runs the blocks' path, which grows
-    the buffers, and the next traces again for 512), for one and two sequences; the caches end as
-    stock's; mlx-lm's generate_step gives stock's tokens; a quantised cache, fuse_step=False and
-    compile=False keep the blocks' path."""
-    import mlx.nn as nn
-    from mlx_lm.generate import generate_step
-
-    m = tiny_llama(mx.float16)
-    ids = mx.random.randint(0, 101, (2, 254))
-
-    def qkv_reference(qkv, H, Hkv, rope, offset=0):
-        module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
-        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
-
-    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
-    block_traced = []
-    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference(block_traced))
-    ropes = []
-    real_rope = mx.fast.rope
-
-    def recording_rope(a, dims, **kw):
-        ropes.append((a.shape, kw.get("offset")))
-        return real_rope(a, dims, **kw)
-
-    def patch(**kw):
-        return export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
-                                               rope=export_llama._llama_rope_cuda, **kw)
-
-    def run(x, steps, caches_out=None):
-        c = mlx_cache.make_prompt_cache(m)
-        out = [m(x, cache=c)]
-        tok = mx.argmax(out[-1][:, -1:], axis=-1)
-        for _ in range(steps):
-            out.append(m(tok, cache=c))
-            tok = mx.argmax(out[-1][:, -1:], axis=-1)
-            mx.eval(out[-1])
-        if caches_out is not None:
-            caches_out.extend(c)
-        return out
-
-    for batch in (1, 2):
-        x = ids[:batch]
-        ref_caches, got_caches = [], []
-        ref = run(x, 4, ref_caches)
-        monkeypatch.setattr(mx.fast, "rope", recording_rope)
-        ropes.clear()
-        block_traced.clear()
-        unpatch = patch()
-        got = run(x, 4, got_caches)
-        unpatch()
-        monkeypatch.setattr(mx.fast, "rope", real_rope)
-        for i, (a, b) in enumerate(zip(got, ref)):
-            assert_close(a, b, TOL[mx.float16], what=f"batch {batch}: call {i}")
-        # positions 254, 255 and 257 through the step (256 through the blocks, which grew the buffers)
-        assert unpatch.step == {"fused": 3}, unpatch.step
-        assert unpatch.decode == {"fused": 2 * 4}, unpatch.decode
-        assert block_traced == [(batch, 1, 4 + 2 * 2, 32)], block_traced
-        # two traces (buffers of 256 and 512 positions), each rotating q and k in 2 layers with an array offset
-        assert len(ropes) == 2 * 2 * 2 and all(isinstance(o, mx.array) and o.dtype == mx.int32 for _, o in ropes), ropes
-        for i, (a, b) in enumerate(zip(got_caches, ref_caches)):
-            assert a.offset == b.offset == 258 and a.keys.shape == b.keys.shape
-            assert_close(a.keys[..., :258, :], b.keys[..., :258, :], TOL[mx.float16], what=f"layer {i} keys")
-            assert_close(a.values[..., :258, :], b.values[..., :258, :], TOL[mx.float16], what=f"layer {i} values")
-
-    # a wrong position is seen: the step one position off gives other logits
-    real_offset = export_llama._llama_offset
-    monkeypatch.setattr(export_llama, "_llama_offset", lambda off: real_offset(off + 1))
-    # (positions 24 and 25 of a 256-position buffer: one past still inside it)
-    ref = run(ids[:1, :24], 2)
-    unpatch = patch()
-    got = run(ids[:1, :24], 2)
-    unpatch()
-    assert unpatch.step == {"fused": 2}
-    with pytest.raises(AssertionError, match="elements differ"):
-        assert_close(got[1], ref[1], TOL[mx.float16], what="one position off")
-    monkeypatch.setattr(export_llama, "_llama_offset", real_offset)
-
-    # mlx-lm's generate_step: stock's greedy tokens and log-probabilities
-    one = ids[0, :40]
-    want = [(int(t), lp) for t, lp in generate_step(one, m, max_tokens=6, prefill_step_size=16)]
-    unpatch = patch()
-    got = [(int(t), lp) for t, lp in generate_step(one, m, max_tokens=6, prefill_step_size=16)]
-    unpatch()
-    assert [t for t, _ in got] == [t for t, _ in want]
-    for i, ((_, a), (_, b)) in enumerate(zip(got, want)):
-        assert_close(a, b, TOL[mx.float16], what=f"generate_step token {i}")
-    assert unpatch.step["fused"] >= 5, unpatch.step
-
-    # the blocks' path where fuse_step does not hold
-    for kw in (dict(fuse_step=False), dict(compile=False)):
-        unpatch = patch(**kw)
-        run(ids[:1, :24], 2)
-        unpatch()
-        assert unpatch.step == {"fused": 0} and unpatch.decode == {"fused": 4}, (kw, unpatch.step, unpatch.decode)
-    unpatch = patch()
-    c = mlx_cache.make_prompt_cache(m)
-    mx.eval(m(ids[:1, :24], cache=c))
-    qc = [kv.to_quantized(group_size=32, bits=8) for kv in c]
-    mx.eval(m(ids[:1, :1], cache=qc))
-    unpatch()
-    assert unpatch.step == {"fused": 0}, unpatch.step
