@@ -11,7 +11,12 @@ evaluated at once (as a decode step is), --reps times: reported are the median m
 operation of building the chain (Python) and of evaluating it (encoding, launching, the GPU). Those
 of a few operations that move no data (an add of two one-row vectors) are the floor every launch
 pays; a kind above it by more than its bytes at the GPU's bandwidth is paying its setup on the host.
-Writes $OUT/mlx_op_cost.json.
+Then mlx-lm's own KVCache update of one position, evaluated each step as decode does, in a small
+and a large buffer (a cost that grew with the buffer would be a copy of it). Writes
+$OUT/mlx_op_cost.json. Measured on an H100 (2026-12-07, bench/h100-2026-12-07-llama-decode-plan.txt and
+-llama-decode-step.txt): 2-3 us an add, 3-4 an RMSNorm or a RoPE, 4.5-5 a 2048 x 2048 gemv, 12-22 an
+addmm of one row (cuBLASLt's set-up), 14-15 MLX's one-query SDPA and 33-46 the same with a mask array
+(its unfused fallback).
 """
 import argparse
 import json
@@ -64,8 +69,9 @@ def main():
     q = rnd(1, H, 1, D)
     off = mx.array(T, dtype=mx.int32)
     upd, pos = rnd(1, Hkv, 1, D), mx.array([0, 0, T, 0])
-    keep = (mx.arange(T + 256) < T).reshape(1, 1, 1, T + 256)  # one position's keys, written as a KV cache does
-    mx.eval(x, w_sq, w_up, w_down, ln, kc, vc, q, off, upd, pos, keep)
+    keep = (mx.arange(T + 256) < T).reshape(1, 1, 1, T + 256)
+    pos0 = mx.array([0, 0, 32, 0])  # one position's keys, written as a KV cache does
+    mx.eval(x, w_sq, w_up, w_down, ln, kc, vc, q, off, upd, pos, keep, pos0)
 
     from ksearch_mlx import export_llama as el
 
@@ -79,8 +85,10 @@ def main():
         f"matmul 1x{M} by {M}x{M} (gemv)": (lambda v: v @ w_sq.T, x),
         f"addmm 1x{M} by {M}x{M}": (lambda v: mx.addmm(v, v, w_sq.T), x),
         f"matmul 1x{M} by {M}x{2 * I} then back (two gemvs)": (lambda v: (v @ w_up.T) @ w_down.T, x),
-        f"slice update of one position in a [1, {Hkv}, {T + 256}, {D}] cache": (
+        f"dynamic slice update (start an array), one position of [1, {Hkv}, {T + 256}, {D}]": (
             lambda c: mx.slice_update(c, upd, pos, axes=(0, 1, 2, 3)), kc),
+        f"dynamic slice update (start an array), one position of [1, {Hkv}, 64, {D}]": (
+            lambda c: mx.slice_update(c, upd, pos0, axes=(0, 1, 2, 3)), kc[:, :, :64] + 0),
         f"rope (mx.fast.rope, offset an array) of [1, {H}, 1, {D}]": (
             lambda qq: mx.fast.rope(qq, D, traditional=False, base=10000.0, scale=1.0, offset=off), q),
         f"sdpa, one query over {T} keys (GQA {H}/{Hkv})": (
@@ -101,6 +109,32 @@ def main():
     for name, (fn, x0) in kinds.items():
         b, e = chain_cost(fn, x0, a.n, a.reps)
         res["kinds"][name] = {"build_us": b, "eval_us": e}
+        print(f"{name:<64} {b:>9.2f} {e:>9.2f}", flush=True)
+    # mlx-lm's KVCache update (`keys[..., prev:offset, :] = new`) of one position, evaluated each
+    # step as decode does, in buffers of two sizes: a cost that grows with the buffer is a copy of it
+    from mlx_lm.models.cache import KVCache
+
+    print(f"{'KVCache.update_and_fetch of one position, evaluated each step':<64} {'build us':>9} {'eval us':>9}")
+    for T2 in ((256, 4096) if not a.tiny else (64, 512)):
+        c = KVCache()
+        c.update_and_fetch(rnd(1, Hkv, T2 - 8, D), rnd(1, Hkv, T2 - 8, D))
+        mx.eval(c.keys, c.values)
+        kv1 = (rnd(1, Hkv, 1, D), rnd(1, Hkv, 1, D))
+        mx.eval(*kv1)
+        bs, es = [], []
+        for _ in range(7):
+            c.offset = T2 - 8
+            mx.synchronize()
+            t0 = time.perf_counter()
+            k, v = c.update_and_fetch(*kv1)
+            t1 = time.perf_counter()
+            mx.eval(k, v)
+            mx.synchronize()
+            bs.append(t1 - t0)
+            es.append(time.perf_counter() - t1)
+        name = f"  into a [1, {Hkv}, {T2}, {D}] buffer"
+        b, e = 1e6 * statistics.median(bs[1:]), 1e6 * statistics.median(es[1:])
+        res["kinds"]["kvcache update " + name.strip()] = {"build_us": b, "eval_us": e}
         print(f"{name:<64} {b:>9.2f} {e:>9.2f}", flush=True)
     out = os.environ.get("OUT")
     if out:

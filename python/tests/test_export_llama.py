@@ -899,3 +899,15 @@ def test_a_blocks_decode_plan_is_kept_and_follows_replaced_weights_and_modules(m
         assert replace_and_compare("quantised down_proj", lambda: None) == 3 * (len(blocks) - 1)
     finally:
         unpatch()
+    # LLAMA_DECODE_PLAN False: every step checks the block again and keeps nothing on it
+    monkeypatch.setattr(export_llama, "LLAMA_DECODE_PLAN", False)
+    m = tiny_llama(mx.float16)
+    ref = prefill_and_decode(m, ids, 2)
+    unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
+                                              rope=export_llama._llama_rope_cuda)
+    got = prefill_and_decode(m, ids, 2)
+    unpatch()
+    assert unpatch.decode == {"fused": 4}, unpatch.decode
+    assert not any("_ks_decode_plan" in b.__dict__ for b in m.model.layers)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert_close(a, b, TOL[mx.float16], what=f"without a plan: call {i}")
