@@ -703,25 +703,35 @@ def rope_dims_reference(seen, offset_shift=0):
     return qkv_dims
 
 
+def qkv_rope_reference(qkv, H, Hkv, rope, offset=0):
+    """export_llama._llama_rope_cuda_qkv in MLX ops: rope_reference on the stacked projection's q, k and v."""
+    import mlx.nn as nn
+
+    module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
+    return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
+
+
+def use_rope_references(monkeypatch, traced=None):
+    """The fused RoPE's two entry points in MLX ops (MLX's CPU back-end has no CUDA kernel): a prompt
+    chunk's (qkv_rope_reference) and a decode step's (rope_dims_reference, recording the shapes it is
+    traced for in `traced`)."""
+    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_rope_reference)
+    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference([] if traced is None else traced))
+
+
 def test_fuse_decode_runs_decode_blocks_fused_with_the_offset_an_input(monkeypatch):
     """fuse_decode (default): a decode step's block runs the input norm, the stacked projection and
     the fused RoPE at the cache's offset (one trace for every position: the offset is an input of
     the launch), the cache update, stock's SDPA and the fused rest; logits as stock's at every step
     and for prompts prefilled in chunks shorter than min_len (the causal mask over the cache)."""
-    import mlx.nn as nn
 
     m = tiny_llama(mx.float16)
     ids = mx.random.randint(0, 101, (2, 24))
     ref = prefill_and_decode(m, ids, 3)
     ref_chunked = prefill_and_decode(m, ids, 2, chunk=4)
 
-    def qkv_reference(qkv, H, Hkv, rope, offset=0):
-        module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
-        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
-
     traced = []
-    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
-    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference(traced))
+    use_rope_references(monkeypatch, traced)
 
     def patch(**kw):
         return export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
@@ -794,17 +804,11 @@ def test_one_row_products_are_a_matmul_and_an_add_not_addmm(monkeypatch):
     has LLAMA_ADDMM_MIN_ROWS rows or more (prefill, a decode step of two sequences), a matmul and an
     add for one row (one sequence's decode step: MLX's CUDA back-end takes its gemv kernel for
     that, cuBLASLt for any addmm); the logits as stock's either way."""
-    import mlx.nn as nn
 
     m = tiny_llama(mx.float16)
     ids = mx.random.randint(0, 101, (2, 24))
 
-    def qkv_reference(qkv, H, Hkv, rope, offset=0):
-        module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
-        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
-
-    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
-    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference([]))
+    use_rope_references(monkeypatch)
     addmm_rows = []
     real_addmm = mx.addmm
 
@@ -846,12 +850,7 @@ def test_a_blocks_decode_plan_is_kept_and_follows_replaced_weights_and_modules(m
     m = tiny_llama(mx.float16)
     ids = mx.random.randint(0, 101, (2, 24))
 
-    def qkv_reference(qkv, H, Hkv, rope, offset=0):
-        module = nn.RoPE(qkv.shape[-1], base=rope.base, scale=rope.scale)
-        return rope_reference(qkv[:, :, :H], qkv[:, :, H : H + Hkv], qkv[:, :, H + Hkv :], module, offset)
-
-    monkeypatch.setattr(export_llama, "_llama_rope_cuda_qkv", qkv_reference)
-    monkeypatch.setattr(export_llama, "_llama_rope_qkv_dims", rope_dims_reference([]))
+    use_rope_references(monkeypatch)
     unpatch = export_llama.patch_mlx_lm_llama(standin([]), min_len=8, choose="always", lhd=standin_lhd([]),
                                               rope=export_llama._llama_rope_cuda)
     try:
