@@ -512,7 +512,9 @@ def patch_mlx_lm_llama(attention=None, min_len=LLAMA_MIN_LEN, admits=None, dtype
     CUDA back-end is bound by them, not by the weights' bytes; this path is about 13 (one token:
     o_proj and down_proj each a gemv and an add, LLAMA_ADDMM_MIN_ROWS).
     Its attention is stock's SDPA: `unpatch.stats` counts it as stock ("short"), `unpatch.decode`
-    counts the blocks ({"fused": n})."""
+    counts the blocks ({"fused": n}). A block's checks run on its first decode step and what they
+    found is kept on it (its decode plan); later steps compare only the ids of its modules and
+    weights, so a replaced weight or module makes the plan again (LLAMA_DECODE_PLAN)."""
     d_attention, d_admits, d_dtypes, d_lhd = _llama_module_defaults()
     if attention is None:
         attention = d_attention
