@@ -8,6 +8,9 @@
 # There:  KERNEL=flash_ws FIX=... bash bench/attention_ncu.sh                 (carry .att-cubins)
 # FIX as bench/cuda_dev.py's KS_FIX (default: the task.toml defaults); SECTIONS (ncu sections), STALLS=0 (without
 # the stall reasons), METRICS (more metrics by name, comma-separated). Text reports land in $OUT.
+# SOURCE=1 (the kernel only, cuDNN skipped) adds the SourceCounters section and writes the report
+# (ncu_kernel.ncu-rep) and its source page as CSV (ncu_kernel_sass.csv: executed instructions and stall
+# samples by reason per SASS instruction), for bench/ncu_source.py: where the consumers' warps wait.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-/tmp/attention-ncu}
@@ -34,10 +37,19 @@ fi
 [ -n "${METRICS:-}" ] && args+=(--metrics "$METRICS")
 KEYS="stalled|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Issued Ipc Active|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Registers Per Thread|Achieved Occupancy|Stall|Tensor"
 # the kernel alone (checked launches, no timing, no peer)
-KS_TIME=0 ncu -k regex:attention -c "${COUNT:-2}" "${args[@]}" python3 bench/cuda_dev.py run attention \
+src=()
+[ "${SOURCE:-0}" = 1 ] && src=(--section SourceCounters --import-source no -f -o "$OUTDIR/ncu_kernel")
+KS_TIME=0 ncu -k regex:attention -c "${COUNT:-2}" "${args[@]}" "${src[@]}" python3 bench/cuda_dev.py run attention \
     > "$OUTDIR/ncu_kernel.txt" 2>&1
 echo "kernel: exit $? ($OUTDIR/ncu_kernel.txt)"
+if [ "${SOURCE:-0}" = 1 ]; then
+    ncu -i "$OUTDIR/ncu_kernel.ncu-rep" --page details >> "$OUTDIR/ncu_kernel.txt" 2>&1
+    ncu -i "$OUTDIR/ncu_kernel.ncu-rep" --page source --csv --print-source sass > "$OUTDIR/ncu_kernel_sass.csv" 2>&1
+    echo "  source page: exit $? ($(wc -l < "$OUTDIR/ncu_kernel_sass.csv") lines)"
+    rm -f "$OUTDIR/ncu_kernel.ncu-rep"
+fi
 grep -E "$KEYS" "$OUTDIR/ncu_kernel.txt" | head -80
+[ "${SOURCE:-0}" = 1 ] && exit 0
 # cuDNN's SDPA, the peer bench/cuda_dev.py times (its first launches: the first anchor shape)
 ncu -k regex:sdpa -c "${COUNT:-2}" "${args[@]}" python3 bench/cuda_dev.py run attention \
     > "$OUTDIR/ncu_cudnn.txt" 2>&1

@@ -515,6 +515,41 @@ fn emulate_runs_flash_ws_cluster_multicast_and_catches_a_wrong_box_or_an_early_e
 }
 
 #[test]
+fn emulate_runs_flash_ws_rescaling_beside_the_s_product_and_catches_it_after_pv() {
+    if !nvrtc_here() {
+        return;
+    }
+    // SO 1: a turn issues S of tile t, scales the output by tile t - 1's factors while S runs, then
+    // issues tile t - 1's PV product; the last tile's scale comes before the last PV product. Under
+    // the causal mask, ragged, head sizes 64 / 96 / 128, one tile (L 77) and many (L 600).
+    let wl = [
+        "B=1,H=2,Hkv=1,L=300,D=128,causal=1",
+        "B=1,H=2,Hkv=2,L=600,D=64,causal=0",
+        "B=1,H=2,Hkv=1,L=77,D=96,causal=0",
+    ];
+    for backend in ["cuda", "mlx-cuda"] {
+        let (code, stdout, stderr) = emulate_flash_ws(backend, &["SO=1"], &wl, None);
+        assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
+        assert!(stdout.contains(": 0 failed, 0 skipped"), "{backend}: {stdout}");
+    }
+    // The scale issued after the PV product it should precede: tile t - 1's probabilities scaled by
+    // its own factors (and O read while that product is in flight).
+    let src = std::fs::read_to_string(tasks_dir().join("attention/cuda/flash_ws.cu")).unwrap();
+    let scale =
+        "                    rescale();\n                    pin<HDP / 2>(oacc);\n                    wg_fence();\n#endif\n";
+    let pv = "                    issue_pv(T0 + t - 1);  // ... and the PV product of tile t - 1, both in flight\n";
+    let from = format!("{scale}{pv}");
+    assert!(src.contains(&from), "flash_ws.cu changed: {from}");
+    let to = format!("#endif\n{pv}                    if (SO) rescale();\n");
+    let dir = tempfile::tempdir().unwrap();
+    let late = dir.path().join("late.cu");
+    std::fs::write(&late, src.replace(&from, &to)).unwrap();
+    let (code, stdout, _) = emulate_flash_ws("cuda", &["SO=1"], &wl[..2], Some(&late));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.starts_with("FAIL flash_ws"), "{stdout}");
+}
+
+#[test]
 fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait_or_fence() {
     if !nvrtc_here() {
         return;

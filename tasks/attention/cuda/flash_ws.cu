@@ -157,6 +157,17 @@
 // 3-8% slower on the ragged shapes. A build with the clusters but no shared tiles took 444.5: the
 // cluster launch and its barriers cost about 2%, and the lock-step of the two blocks' stages costs more
 // than the L2 reads it saves. The kernel is not limited by L2 here.
+// SO=1 (a tunable, timed slower: default 0): a turn issues S of tile t, then scales the output accumulators by
+// tile t - 1's softmax factors while S runs, then issues tile t - 1's PV product, so the 64 multiplies leave
+// the path from a warpgroup's products landing to its next turn (with SO 0 they sit on it, after the softmax).
+// Nsight Compute's source page (H100, 2026-12-07, bench/h100-2026-12-07c-attention-so.txt) puts half of the
+// stall samples in the softmax block and its wait for the PV product and 31% in the turn's issue block, with
+// the tensor pipe busy 72.5% of the cycles; if the consumers' path between their products bounded the kernel,
+// taking work off it would show. It did not: 431.1 against 427.9 us at 4,32,2048,128 (three rounds each,
+// every element checked, the stress suite passed), 0.7-1.0% slower on the other shapes but two
+// (0.9% faster at 3,32,32,777,64, even at 5,16,1,513,128). With SO 0 the machine code is the
+// one measured before SO existed. Checked by the PTX interpreter (both units; a build that scales after
+// issuing the PV product fails there).
 // f16 data handled as raw 16-bit words; no headers needed.
 #ifndef HD
 #define HD 128
@@ -208,6 +219,12 @@
 #endif
 #ifndef MC
 #define MC 0
+#endif
+#ifndef SO
+#define SO 0
+#endif
+#if SO != 0 && SO != 1
+#error "SO must be 0 or 1"
 #endif
 #if MC != 0 && MC != 1
 #error "MC must be 0 or 1"
@@ -1063,6 +1080,18 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             lrow0 = lrow0 * al0 + ls0;
             lrow1 = lrow1 * al1 + ls1;
         };
+        // The output accumulators scaled by the last softmax's factors (where some row moved its maximum).
+        auto rescale = [&]() {
+            if (!RS || resc) {
+#pragma unroll
+                for (int j = 0; j < HDP / 8; j++) {
+                    oacc[4 * j] *= al0;
+                    oacc[4 * j + 1] *= al0;
+                    oacc[4 * j + 2] *= al1;
+                    oacc[4 * j + 3] *= al1;
+                }
+            }
+        };
         // P as wgmma A fragments: k-step kk covers keys 16kk..16kk+15 (n8 chunks 2kk, 2kk+1).
         auto pack_p = [&]() {
 #pragma unroll
@@ -1120,6 +1149,12 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     turn_begin();
                     wg_fence();
                     issue_s(T0 + t);       // S of tile t ...
+#if SO
+                    // SO: the rescale by tile t - 1's factors runs while S of tile t is on the tensor cores
+                    rescale();
+                    pin<HDP / 2>(oacc);
+                    wg_fence();
+#endif
                     issue_pv(T0 + t - 1);  // ... and the PV product of tile t - 1, both in flight
                     turn_end(false);
                     wg_wait<1>();  // S has landed
@@ -1130,18 +1165,11 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     wg_wait<0>();  // the PV product of tile t - 1 has landed in oacc
                     pin<HDP / 2>(oacc);
                     release(T0 + t - 1);
-                    if (!RS || resc) {
-#pragma unroll
-                        for (int j = 0; j < HDP / 8; j++) {
-                            oacc[4 * j] *= al0;
-                            oacc[4 * j + 1] *= al0;
-                            oacc[4 * j + 2] *= al1;
-                            oacc[4 * j + 3] *= al1;
-                        }
-                    }
+                    if (!SO) rescale();
                     pack_p();
                 }
                 wait_v(T0 + nt - 1);
+                if (SO) rescale();
                 pin<HDP / 2>(oacc);
                 pin<BN / 4>(pprev);
                 turn_begin();
