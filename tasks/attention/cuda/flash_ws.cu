@@ -168,6 +168,8 @@
 // (0.9% faster at 3,32,32,777,64, even at 5,16,1,513,128). With SO 0 the machine code is the
 // one measured before SO existed. Checked by the PTX interpreter (both units; a build that scales after
 // issuing the PV product fails there).
+// FlashAttention-3's Hopper main loop takes this order only above head size 128 (RescaleOBeforeGemm in
+// mainloop_fwd_sm90_tma_gmma_ws.hpp).
 // f16 data handled as raw 16-bit words; no headers needed.
 #ifndef HD
 #define HD 128
