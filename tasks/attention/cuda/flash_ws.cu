@@ -160,8 +160,8 @@
 // SO=1 (a tunable, timed slower: default 0): a turn issues S of tile t, then scales the output accumulators by
 // tile t - 1's softmax factors while S runs, then issues tile t - 1's PV product, so the 64 multiplies leave
 // the path from a warpgroup's products landing to its next turn (with SO 0 they sit on it, after the softmax).
-// Nsight Compute's source page (H100, 2026-12-07, bench/h100-2026-12-07c-attention-so.txt) puts half of the
-// stall samples in the softmax block and its wait for the PV product and 31% in the turn's issue block, with
+// Nsight Compute's source page (H100, 2026-12-07, bench/h100-2026-12-07c-attention-so.txt) puts 44% of the
+// stall samples in the softmax block and its wait for the PV product and 19% in the turn's issue block, with
 // the tensor pipe busy 72.5% of the cycles; if the consumers' path between their products bounded the kernel,
 // taking work off it would show. It did not: 431.1 against 427.9 us at 4,32,2048,128 (three rounds each,
 // every element checked, the stress suite passed), 0.7-1.0% slower on the other shapes but two
