@@ -991,10 +991,24 @@ fn emulate_runs_flash_ws_blocks_striding_over_more_items_than_blocks_and_catches
         src.replace(stride, "for (int p = blockIdx.x; p < groups; p += 2 * gridDim.x)"),
     )
     .unwrap();
-    for backend in ["cuda", "mlx-cuda"] {
+    let entry = "    const int tid = threadIdx.x, wg = tid >> 7;";
+    assert_eq!(src.matches(entry).count(), 1, "flash_ws.cu changed");
+    let first64 = dir.path().join("first64.cu");
+    std::fs::write(
+        &first64,
+        src.replace(entry, &format!("    if (blockIdx.x >= 64) return;\n{entry}")),
+    )
+    .unwrap();
+    // BAL=1: without the mask ceil(128 / ceil(128 / 114)) = 64 blocks, every one of them with two items.
+    for (backend, bal) in [
+        ("cuda", "BAL=0"),
+        ("mlx-cuda", "BAL=0"),
+        ("cuda", "BAL=1"),
+        ("mlx-cuda", "BAL=1"),
+    ] {
         let run = |file: Option<&std::path::Path>| {
             let mut cmd = emulate("attention", backend, "flash_ws");
-            cmd.args(["-D", "CTAS=114"]);
+            cmd.args(["-D", "CTAS=114", "-D", bal]);
             for w in ["B=1,H=64,Hkv=16,L=129,D=64,causal=0", "B=1,H=64,Hkv=16,L=129,D=64,causal=1"] {
                 cmd.args(["--workload", w]);
             }
@@ -1004,12 +1018,30 @@ fn emulate_runs_flash_ws_blocks_striding_over_more_items_than_blocks_and_catches
             out(&mut cmd)
         };
         let (code, stdout, stderr) = run(None);
-        assert_eq!(code, 0, "{backend}: {stdout}{stderr}");
+        assert_eq!(code, 0, "{backend} {bal}: {stdout}{stderr}");
         let ok = stdout.lines().filter(|l| l.starts_with("ok   flash_ws")).count();
-        assert_eq!(ok, 2, "{backend}: {stdout}");
+        assert_eq!(ok, 2, "{backend} {bal}: {stdout}");
         let (code, stdout, _) = run(Some(&skip));
-        assert_eq!(code, 1, "{backend}: {stdout}");
-        assert!(stdout.starts_with("FAIL flash_ws"), "{backend}: {stdout}");
+        assert_eq!(code, 1, "{backend} {bal}: {stdout}");
+        assert!(stdout.starts_with("FAIL flash_ws"), "{backend} {bal}: {stdout}");
+        if bal == "BAL=1" {
+            // Every block of the balanced grid has a second item: the unmasked run fails too.
+            let unmasked = stdout.lines().find(|l| l.contains("causal=0")).unwrap_or("");
+            assert!(unmasked.starts_with("FAIL"), "{backend} {bal}: {stdout}");
+        }
+        // A build whose blocks from 64 on do nothing: right only on a grid of at most 64 blocks,
+        // which BAL=1 gives the unmasked call and BAL=0 (114 blocks) does not.
+        let mut cmd = emulate("attention", backend, "flash_ws");
+        cmd.args([
+            "-D",
+            "CTAS=114",
+            "-D",
+            bal,
+            "--workload",
+            "B=1,H=64,Hkv=16,L=129,D=64,causal=0",
+        ]);
+        let (code, stdout, _) = out(cmd.arg("--file").arg(&first64));
+        assert_eq!(code, if bal == "BAL=1" { 0 } else { 1 }, "{backend} {bal}: {stdout}");
     }
 }
 
