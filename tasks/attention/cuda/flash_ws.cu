@@ -19,7 +19,8 @@
 // Any L (tail tiles zero-filled by cp.async src-size 0, keys past L masked to -inf, rows past L
 // not stored), grouped-query heads (query head h reads key/value head h / (H / Hkv)), causal
 // (tiles past the diagonal skipped), HD 64, 96 (laid out as 128 columns) or 128.
-// Persistent: the grid is min(work items, CTAS) blocks; where the items outnumber the blocks, each
+// Persistent: the grid is min(work items, CTAS) blocks (the task's BAL 1: without the mask ceil(items /
+// ceil(items / CTAS)), the same rounds with no block a round short); where the items outnumber the blocks, each
 // block strides over (head, 128-row query block) items, under the causal mask over pairs of them
 // (work_item below). At CTAS = the
 // SM count every SM keeps one block for the whole call and the producer loads the next item's Q
