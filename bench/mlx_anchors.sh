@@ -13,6 +13,9 @@
 #   decode     that model's decode, stock against the patch with and without fuse_decode (and two
 #              variants of it), interleaved rounds in one process (bench/mlx_llama_decode.py)
 # STEPS (default "attention scan mamba llama decode") picks steps; REPS (default 20) the attention repetitions;
+# ATT_VARIANTS (default "default") and ATT_SHAPE_VARIANTS, bench/mlx_attention.py's --variants / --shape-variants
+# (e.g. ATT_SHAPE_VARIANTS="PM=1": a tunable variant beside the defaults on every shape and through the judge;
+# ATT_SECS, the step's time box, 170 s by default);
 # DECODE_ARGS, arguments of the decode step (e.g. "--builds fused,replan --rounds 9").
 # Each step has its own time box (170 + 100 + 120 + 190 + 150 s); on an H100 (2026-12-07) they took 89, 13, 73,
 # 34 and 51 s, and MLX's install 20, so one 600 s call does all five. Logs in $OUT.
@@ -57,7 +60,8 @@ step() {  # step NAME SECONDS COMMAND...: the command's output in $OUTDIR/NAME.l
     say "$name: exit $rc$([ $rc = 124 ] && echo " (cut off at $secs s)")"
     [ $rc = 0 ] || FAILED+=("$name")
 }
-step attention 170 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_attention.py --variants default --reps "${REPS:-20}"
+step attention "${ATT_SECS:-170}" env KS_ATT_KERNEL=flash_ws python3 bench/mlx_attention.py --variants "${ATT_VARIANTS:-default}" \
+    ${ATT_SHAPE_VARIANTS:+--shape-variants "$ATT_SHAPE_VARIANTS"} --reps "${REPS:-20}"
 step scan 100 env KS_CUBIN_DIR="$ROOT/.scan-cubins-tw" python3 bench/mlx_scan.py --kernel tw_scan --configs default --top 0
 step mamba 120 python3 bench/mlx_e2e.py --tail --lengths 512 --decode-steps 128 --budget 100
 step llama 190 env KS_ATT_KERNEL=flash_ws python3 bench/mlx_llama.py --no-f32 --budget 170 --reps 3

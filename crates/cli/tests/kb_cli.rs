@@ -550,6 +550,48 @@ fn emulate_runs_flash_ws_rescaling_beside_the_s_product_and_catches_it_after_pv(
 }
 
 #[test]
+fn emulate_runs_flash_ws_softmax_against_running_maxima_and_both_redo_paths() {
+    if !nvrtc_here() {
+        return;
+    }
+    // PM 1: past an item's first tile the exponentials run against the running maxima; PM 2 moves the
+    // maxima and scales P at any growth, PM 3 forms S again from q and k at any growth (the paths a
+    // jump of more than 8, or one that overflows P, takes). Both units, the causal mask, ragged
+    // tails, head sizes 64 / 96 / 128, grouped heads, and a wide-tile call (L 300 without the mask: 176-key tiles
+    // with K and V released apart, which keep the plain softmax).
+    let wl = [
+        "B=1,H=2,Hkv=1,L=300,D=128,causal=0",
+        "B=1,H=2,Hkv=1,L=400,D=128,causal=1",
+        "B=1,H=3,Hkv=1,L=520,D=96,causal=1",
+        "B=1,H=2,Hkv=2,L=200,D=64,causal=0",
+    ];
+    for (backend, pm, n) in [
+        ("cuda", "PM=1", 4),
+        ("cuda", "PM=2", 4),
+        ("cuda", "PM=3", 4),
+        ("mlx-cuda", "PM=1", 2),
+        ("mlx-cuda", "PM=3", 2),
+    ] {
+        let (code, stdout, stderr) = emulate_flash_ws(backend, &[pm], &wl[..n], None);
+        assert_eq!(code, 0, "{backend} {pm}: {stdout}{stderr}");
+        assert!(stdout.contains(": 0 failed, 0 skipped"), "{backend} {pm}: {stdout}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The scaling path leaving P as the stale maxima gave it (its sums and the output still scaled).
+    let scale = "                        s[4 * cc] *= al0;\n";
+    let unscaled = flash_ws_mutant(dir.path(), "unscaled.cu", scale, "");
+    let (code, stdout, _) = emulate_flash_ws("cuda", &["PM=2"], &wl[1..2], Some(&unscaled));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.starts_with("FAIL flash_ws"), "{stdout}");
+    // The recomputation reading the first row twice instead of rows r0 and r0 + 8.
+    let row = "q + qo_row(ibh, min(r0 + 8, Ln - 1), Hn, L);";
+    let wrong = flash_ws_mutant(dir.path(), "row.cu", row, "q + qo_row(ibh, min(r0, Ln - 1), Hn, L);");
+    let (code, stdout, _) = emulate_flash_ws("cuda", &["PM=3"], &wl[1..2], Some(&wrong));
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.starts_with("FAIL flash_ws"), "{stdout}");
+}
+
+#[test]
 fn emulate_catches_a_wgmma_kernel_reading_its_accumulators_before_their_wait_or_fence() {
     if !nvrtc_here() {
         return;

@@ -171,6 +171,26 @@
 // issuing the PV product fails there).
 // FlashAttention-3's Hopper main loop takes this order only above head size 128 (RescaleOBeforeGemm in
 // mainloop_fwd_sm90_tma_gmma_ws.hpp).
+// PM=1 (a tunable, both units' default since 2026-12-07): past an item's first tile the softmax's exponentials run
+// against the running row maxima at once, the tile's maxima formed beside them in MUFU's shadow, instead of after a
+// max reduction (70 FMNMX and two shuffle rounds ahead of the first MUFU). A warp none of whose rows grew its
+// maximum by more than 8 (log2 units) keeps its maxima (P at most 2^8: f16 holds it, the sums are f32) and skips
+// the output's rescale; otherwise it moves its maxima and scales P, its sums and the output by 2^(old - new), and
+// where some P overflowed (a jump of 128 or more) it forms its rows of S again from q and k in global memory (a
+// rolled scalar loop: a wgmma is the warpgroup's, and the tile's buffers may already hold the next ones) and runs
+// the plain softmax. PM 2 and 3 take those two paths at every growth of a maximum: the PTX interpreter runs all
+// three on both units, and a build whose scaling path leaves P unscaled or whose recomputation reads the wrong row
+// fails there. In NVRTC 13's code the loop's softmax block is 277 instructions and a 639-cycle one-warp schedule
+// against 381 and 773 (bench/sass_census.py --blocks), and the wait for the PV product now follows the
+// exponentials. Only the 128-key tiles take it (KV 0): with the wide tiles (K and V released apart) it spilled
+// and was 10% slower at 5,16,1,513,128. H100, 2026-12-07 (bench/h100-2026-12-07g-attention-pm.txt; three alternating
+// passes, every element checked, stress suites first; the build timed there also applied PM to the wide tiles):
+//   4,32,32,2048,128        428.9 -> 408.6 us  cuDNN 434.0  1.012x -> 1.062x (BAL 1 on top: 406.9, 1.066x)
+//   4,32,32,2048,128 causal 248.2 -> 241.9 us  cuDNN 275.7  1.111x -> 1.140x
+//   1,32,8,4096,128 causal  225.3 -> 212.8 us  cuDNN 266.3  1.182x -> 1.251x
+// and within 1% or faster on the held-out shapes with 128-key tiles. Inside MLX, through the MLX worker's judge in
+// the next call: 394.8 us against MLX's SDPA's 433.1 at 4,32,2048,128 (1.097x; the defaults 1.003x), 1.165x causal
+// (1.092x), 1.097x with 8 key/value heads.
 // f16 data handled as raw 16-bit words; no headers needed.
 #ifndef HD
 #define HD 128
@@ -314,6 +334,12 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     return r;
 }
 __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
+// PM (1; 2 and 3 checks of its two slower paths, taken at any growth of a row maximum): the softmax against the
+// running maxima first (see softmax below).
+#ifndef PM
+#define PM 0
+#endif
+#define PM_JUMP (PM >= 2 ? 0.f : 8.f)
 // OV: x[e] of quad lane l (qd) is word (l, e) of a 4 x 4 block; afterwards x[e] is word (e, l).
 __device__ __forceinline__ void quad_transpose(unsigned* x, int qd) {
     const bool odd = qd & 1, hi = qd & 2;
@@ -618,6 +644,16 @@ __device__ __forceinline__ float h2f(unsigned short u) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(u));
     return f;
+}
+// Eight f16 values of a 16-byte-aligned chunk of global memory as f32 (PM's recomputation of S).
+__device__ __forceinline__ void ld_chunk(float* f, const unsigned short* p) {
+    unsigned u[4];
+    asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3]) : "l"(p) : "memory");
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        f[2 * e] = h2f((unsigned short)(u[e] & 0xffffu));
+        f[2 * e + 1] = h2f((unsigned short)(u[e] >> 16));
+    }
 }
 __device__ __forceinline__ unsigned short f2h(float f) {
     unsigned short u;
@@ -932,9 +968,9 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         unsigned psink = 0u;  // KS_DIAG_PVSS
 #pragma unroll
         for (int i = 0; i < BN / 4; i++) pprev[i] = 0u;
-        float mrow0, mrow1, lrow0, lrow1, al0 = 1.f, al1 = 1.f;
+        float mrow0 = 0.f, mrow1 = 0.f, lrow0 = 0.f, lrow1 = 0.f, al0 = 1.f, al1 = 1.f;
         bool resc = true;  // RS: some row of the warp moved its running maximum (oacc is rescaled)
-        int wrow0 = 0, r0 = 0;  // the item's first query row of this warpgroup, this thread's rows r0, r0 + 8
+        int wrow0 = 0, r0 = 0, ibh = 0;  // the item's first query row of this warpgroup, this thread's rows r0, r0 + 8
 
         // Tile T (counted over the block's items) has landed in its stage.
         auto wait_tile = [&](int T) {
@@ -1036,14 +1072,108 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             // s[4c + e]: row r0 + 8 * (e >> 1), key n0 + 8c + 2qd + (e & 1). Keys from lim0 (row r0)
             // and lim1 (row r0 + 8) on are masked: past the diagonal, past L.
             const bool diag = cz && n0 + BN - 1 > wrow0 + 16 * warp;
-            if (diag || n0 + BN > Ln) {
+            auto mask_s = [&]() {
                 const int lim0 = diag ? min(r0 + 1, Ln) : Ln, lim1 = diag ? min(r0 + 9, Ln) : Ln;
 #pragma unroll
                 for (int cc = 0; cc < BN / 8; cc++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         s[4 * cc + e] = n0 + 8 * cc + 2 * qd + (e & 1) < ((e >> 1) ? lim1 : lim0) ? s[4 * cc + e] : -INFINITY;
+            };
+            if (diag || n0 + BN > Ln) mask_s();
+#if PM
+            // PM: past an item's first tile, the exponentials start at once against the running maxima (P in
+            // S's registers, as below) while the tile's maxima are formed beside them, so no max reduction
+            // stands ahead of the first MUFU. Where no row of the warp moved its maximum by more than PM_JUMP
+            // (log2 units) that is the tile's softmax: P at most 2^PM_JUMP, the output not rescaled. Otherwise
+            // the warp moves its maxima and scales P, its sums and (later) the output by 2^(old - new); where
+            // some P overflowed (a jump of 128 or more; PM 3 takes this path at every growth, as its check) the
+            // warp forms its rows of the tile's S again from shared memory and takes the plain path.
+            if (!KV && t > 0) {
+                float mx0 = -INFINITY, mx1 = -INFINITY, ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+                for (int cc = 0; cc < BN / 8; cc++) {
+                    mx0 = fmaxf(mx0, fmaxf(s[4 * cc], s[4 * cc + 1]));
+                    mx1 = fmaxf(mx1, fmaxf(s[4 * cc + 2], s[4 * cc + 3]));
+                    s[4 * cc] = EX2C(cc, fmaf(s[4 * cc], sl2, -mrow0));
+                    s[4 * cc + 1] = EX2C(cc, fmaf(s[4 * cc + 1], sl2, -mrow0));
+                    s[4 * cc + 2] = EX2C(cc, fmaf(s[4 * cc + 2], sl2, -mrow1));
+                    s[4 * cc + 3] = EX2C(cc, fmaf(s[4 * cc + 3], sl2, -mrow1));
+                    ls0 += s[4 * cc] + s[4 * cc + 1];
+                    ls1 += s[4 * cc + 2] + s[4 * cc + 3];
+                }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+                resc = __any_sync(0xffffffff, mx0 * sl2 > mrow0 + PM_JUMP || mx1 * sl2 > mrow1 + PM_JUMP);
+                if (!resc) {
+                    al0 = al1 = 1.f;
+                    lrow0 += ls0;
+                    lrow1 += ls1;
+                    return;
+                }
+                if (!__any_sync(0xffffffff, PM == 3 || isinf(ls0) || isinf(ls1))) {
+                    const float mn0 = fmaxf(mrow0, mx0 * sl2), mn1 = fmaxf(mrow1, mx1 * sl2);
+                    al0 = ex2(mrow0 - mn0);
+                    al1 = ex2(mrow1 - mn1);
+                    mrow0 = mn0;
+                    mrow1 = mn1;
+#pragma unroll
+                    for (int cc = 0; cc < BN / 8; cc++) {
+                        s[4 * cc] *= al0;
+                        s[4 * cc + 1] *= al0;
+                        s[4 * cc + 2] *= al1;
+                        s[4 * cc + 3] *= al1;
+                    }
+                    lrow0 = lrow0 * al0 + ls0 * al0;
+                    lrow1 = lrow1 * al1 + ls1 * al1;
+                    return;
+                }
+                // Some P overflowed: this warp forms its rows of the tile's S again from q and k in global
+                // memory (the tile's buffers may already hold others), 16 bytes of a row at a time, f16
+                // products summed in f32 (a wgmma is the warpgroup's; only this warp is here). Rows and
+                // keys past L read row L - 1 (their S is not used: rows are not stored, keys are masked).
+                const long long kvh = (long long)(ibh / Hn) * Hkv + (ibh % Hn) / grp;
+                const unsigned short* qa = q + qo_row(ibh, min(r0, Ln - 1), Hn, L);
+                const unsigned short* qb = q + qo_row(ibh, min(r0 + 8, Ln - 1), Hn, L);
+                // A rolled loop over the key chunks (the path is rare; an unrolled one doubled the CUBIN, which
+                // MLX copies and hashes at every call): each chunk's four values enter at S's end as the rest
+                // move down four places, so after BN / 8 chunks chunk cc's sit at 4 cc.
+#pragma unroll 1
+                for (int cc = 0; cc < BN / 8; cc++) {
+                    const int n = n0 + 8 * cc + 2 * qd;
+                    const unsigned short* k0 = k + (kvh * L + min(n, Ln - 1)) * HD;
+                    const unsigned short* k1 = k + (kvh * L + min(n + 1, Ln - 1)) * HD;
+                    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+#pragma unroll 1
+                    for (int j = 0; j < HD / 8; j++) {
+                        float x[8], y[8], kf[8];
+                        ld_chunk(x, qa + 8 * j);
+                        ld_chunk(y, qb + 8 * j);
+                        ld_chunk(kf, k0 + 8 * j);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) {
+                            a0 = fmaf(x[e], kf[e], a0);
+                            a2 = fmaf(y[e], kf[e], a2);
+                        }
+                        ld_chunk(kf, k1 + 8 * j);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) {
+                            a1 = fmaf(x[e], kf[e], a1);
+                            a3 = fmaf(y[e], kf[e], a3);
+                        }
+                    }
+#pragma unroll
+                    for (int i = 0; i < BN / 2 - 4; i++) s[i] = s[i + 4];
+                    s[BN / 2 - 4] = a0;
+                    s[BN / 2 - 3] = a1;
+                    s[BN / 2 - 2] = a2;
+                    s[BN / 2 - 1] = a3;
+                }
+                if (diag || n0 + BN > Ln) mask_s();
             }
+#endif
             float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (int cc = 0; cc < BN / 8; cc++) {
@@ -1085,7 +1215,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
         };
         // The output accumulators scaled by the last softmax's factors (where some row moved its maximum).
         auto rescale = [&]() {
-            if (!RS || resc) {
+            if (!(RS || PM) || resc) {
 #pragma unroll
                 for (int j = 0; j < HDP / 8; j++) {
                     oacc[4 * j] *= al0;
@@ -1125,6 +1255,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 mce = shared_pair(w);
                 wrow0 = m0 + 64 * c;
                 r0 = wrow0 + 16 * warp + g;
+                ibh = bh;
                 mrow0 = -INFINITY;
                 mrow1 = -INFINITY;
                 lrow0 = 0.f;
