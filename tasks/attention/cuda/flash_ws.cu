@@ -340,6 +340,16 @@ __device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32
 #define PM 0
 #endif
 #define PM_JUMP (PM >= 2 ? 0.f : 8.f)
+// A warp's accumulator fragment of N n8 chunks (x[4c + e]: row r0 for e < 2, r0 + 8 otherwise) scaled by a0 / a1.
+template <int N> __device__ __forceinline__ void scale_rows(float* x, float a0, float a1) {
+#pragma unroll
+    for (int c = 0; c < N; c++) {
+        x[4 * c] *= a0;
+        x[4 * c + 1] *= a0;
+        x[4 * c + 2] *= a1;
+        x[4 * c + 3] *= a1;
+    }
+}
 // OV: x[e] of quad lane l (qd) is word (l, e) of a 4 x 4 block; afterwards x[e] is word (e, l).
 __device__ __forceinline__ void quad_transpose(unsigned* x, int qd) {
     const bool odd = qd & 1, hi = qd & 2;
@@ -1081,6 +1091,16 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                         s[4 * cc + e] = n0 + 8 * cc + 2 * qd + (e & 1) < ((e >> 1) ? lim1 : lim0) ? s[4 * cc + e] : -INFINITY;
             };
             if (diag || n0 + BN > Ln) mask_s();
+            // n8 chunk cc's probabilities against maxima m0 (row r0) and m1 (row r0 + 8), in S's registers, and
+            // their sums.
+            auto exp_chunk = [&](int cc, float m0, float m1, float& l0, float& l1) {
+                s[4 * cc] = EX2C(cc, fmaf(s[4 * cc], sl2, -m0));
+                s[4 * cc + 1] = EX2C(cc, fmaf(s[4 * cc + 1], sl2, -m0));
+                s[4 * cc + 2] = EX2C(cc, fmaf(s[4 * cc + 2], sl2, -m1));
+                s[4 * cc + 3] = EX2C(cc, fmaf(s[4 * cc + 3], sl2, -m1));
+                l0 += s[4 * cc] + s[4 * cc + 1];
+                l1 += s[4 * cc + 2] + s[4 * cc + 3];
+            };
 #if PM
             // PM: past an item's first tile, the exponentials start at once against the running maxima (P in
             // S's registers, as below) while the tile's maxima are formed beside them, so no max reduction
@@ -1095,12 +1115,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                 for (int cc = 0; cc < BN / 8; cc++) {
                     mx0 = fmaxf(mx0, fmaxf(s[4 * cc], s[4 * cc + 1]));
                     mx1 = fmaxf(mx1, fmaxf(s[4 * cc + 2], s[4 * cc + 3]));
-                    s[4 * cc] = EX2C(cc, fmaf(s[4 * cc], sl2, -mrow0));
-                    s[4 * cc + 1] = EX2C(cc, fmaf(s[4 * cc + 1], sl2, -mrow0));
-                    s[4 * cc + 2] = EX2C(cc, fmaf(s[4 * cc + 2], sl2, -mrow1));
-                    s[4 * cc + 3] = EX2C(cc, fmaf(s[4 * cc + 3], sl2, -mrow1));
-                    ls0 += s[4 * cc] + s[4 * cc + 1];
-                    ls1 += s[4 * cc + 2] + s[4 * cc + 3];
+                    exp_chunk(cc, mrow0, mrow1, ls0, ls1);
                 }
                 mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
                 mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
@@ -1119,13 +1134,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     al1 = ex2(mrow1 - mn1);
                     mrow0 = mn0;
                     mrow1 = mn1;
-#pragma unroll
-                    for (int cc = 0; cc < BN / 8; cc++) {
-                        s[4 * cc] *= al0;
-                        s[4 * cc + 1] *= al0;
-                        s[4 * cc + 2] *= al1;
-                        s[4 * cc + 3] *= al1;
-                    }
+                    scale_rows<BN / 8>(s, al0, al1);
                     lrow0 = lrow0 * al0 + ls0 * al0;
                     lrow1 = lrow1 * al1 + ls1 * al1;
                     return;
@@ -1203,27 +1212,14 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
             for (int cc = 0; cc < BN / 8; cc++) {
-                s[4 * cc] = EX2C(cc, fmaf(s[4 * cc], sl2, -mn0));
-                s[4 * cc + 1] = EX2C(cc, fmaf(s[4 * cc + 1], sl2, -mn0));
-                s[4 * cc + 2] = EX2C(cc, fmaf(s[4 * cc + 2], sl2, -mn1));
-                s[4 * cc + 3] = EX2C(cc, fmaf(s[4 * cc + 3], sl2, -mn1));
-                ls0 += s[4 * cc] + s[4 * cc + 1];
-                ls1 += s[4 * cc + 2] + s[4 * cc + 3];
+                exp_chunk(cc, mn0, mn1, ls0, ls1);
             }
             lrow0 = lrow0 * al0 + ls0;
             lrow1 = lrow1 * al1 + ls1;
         };
         // The output accumulators scaled by the last softmax's factors (where some row moved its maximum).
         auto rescale = [&]() {
-            if (!(RS || PM) || resc) {
-#pragma unroll
-                for (int j = 0; j < HDP / 8; j++) {
-                    oacc[4 * j] *= al0;
-                    oacc[4 * j + 1] *= al0;
-                    oacc[4 * j + 2] *= al1;
-                    oacc[4 * j + 3] *= al1;
-                }
-            }
+            if (!(RS || PM) || resc) scale_rows<HDP / 8>(oacc, al0, al1);
         };
         // P as wgmma A fragments: k-step kk covers keys 16kk..16kk+15 (n8 chunks 2kk, 2kk+1).
         auto pack_p = [&]() {
