@@ -99,5 +99,13 @@ def test_pv_waits_of_flash_ws_sees_every_exponential_of_each_tile_width(tools):
     # The shipped build holds the loop three times (128-key tiles, and 176 / 160 without the mask for
     # ragged L): each tile's softmax issues BN / 2 exponentials a thread and two rescale factors,
     # before or after the wait for the PV product (ptxas decides; bench/README.md has what each cost).
+    # PM (the default, 128-key tiles only) holds that softmax twice in the loop: against the running
+    # maxima (64, and two factors on its scaling path) and the plain one it falls back to (66), all
+    # of them ahead of the wait.
     waits = sc.census("attention", "flash_ws", "", "")["pv_waits"]
+    assert sorted(b + a for b, a in waits) == [82, 90, 132], waits
+    assert (132, 0) in waits, waits
+    # At PM 0 the 128-key loop's 66, all after the wait.
+    waits = sc.census("attention", "flash_ws", "PM=0", "")["pv_waits"]
     assert sorted(b + a for b, a in waits) == [66, 82, 90], waits
+    assert (0, 66) in waits, waits
