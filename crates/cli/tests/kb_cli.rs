@@ -578,7 +578,7 @@ fn emulate_runs_flash_ws_softmax_against_running_maxima_and_both_redo_paths() {
     }
     let dir = tempfile::tempdir().unwrap();
     // The scaling path leaving P as the stale maxima gave it (its sums and the output still scaled).
-    let scale = "                        s[4 * cc] *= al0;\n";
+    let scale = "                    scale_rows<BN / 8>(s, al0, al1);\n";
     let unscaled = flash_ws_mutant(dir.path(), "unscaled.cu", scale, "");
     let (code, stdout, _) = emulate_flash_ws("cuda", &["PM=2"], &wl[1..2], Some(&unscaled));
     assert_eq!(code, 1, "{stdout}");
