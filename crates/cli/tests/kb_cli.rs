@@ -565,16 +565,18 @@ fn emulate_runs_flash_ws_softmax_against_running_maxima_and_both_redo_paths() {
         "B=1,H=3,Hkv=1,L=520,D=96,causal=1",
         "B=1,H=2,Hkv=2,L=200,D=64,causal=0",
     ];
-    for (backend, pm, n) in [
-        ("cuda", "PM=1", 4),
-        ("cuda", "PM=2", 4),
-        ("cuda", "PM=3", 4),
-        ("mlx-cuda", "PM=1", 2),
-        ("mlx-cuda", "PM=3", 2),
+    // EMU 2 with PM 2: the polynomial exponentials on the scaling path too.
+    for (backend, defs, n) in [
+        ("cuda", &["PM=1"][..], 4),
+        ("cuda", &["PM=2"][..], 4),
+        ("cuda", &["PM=3"][..], 4),
+        ("cuda", &["PM=2", "EMU=2"][..], 2),
+        ("mlx-cuda", &["PM=1"][..], 2),
+        ("mlx-cuda", &["PM=3"][..], 2),
     ] {
-        let (code, stdout, stderr) = emulate_flash_ws(backend, &[pm], &wl[..n], None);
-        assert_eq!(code, 0, "{backend} {pm}: {stdout}{stderr}");
-        assert!(stdout.contains(": 0 failed, 0 skipped"), "{backend} {pm}: {stdout}");
+        let (code, stdout, stderr) = emulate_flash_ws(backend, defs, &wl[..n], None);
+        assert_eq!(code, 0, "{backend} {defs:?}: {stdout}{stderr}");
+        assert!(stdout.contains(": 0 failed, 0 skipped"), "{backend} {defs:?}: {stdout}");
     }
     let dir = tempfile::tempdir().unwrap();
     // The scaling path leaving P as the stale maxima gave it (its sums and the output still scaled).

@@ -176,7 +176,7 @@
 // max reduction (70 FMNMX and two shuffle rounds ahead of the first MUFU). A warp none of whose rows grew its
 // maximum by more than 8 (log2 units) keeps its maxima (P at most 2^8: f16 holds it, the sums are f32) and skips
 // the output's rescale; otherwise it moves its maxima and scales P, its sums and the output by 2^(old - new), and
-// where some P overflowed (a jump of 128 or more) it forms its rows of S again from q and k in global memory (a
+// where some row jumped by more than 120 (P could overflow) it forms its rows of S again from q and k in global memory (a
 // rolled scalar loop: a wgmma is the warpgroup's, and the tile's buffers may already hold the next ones) and runs
 // the plain softmax. PM 2 and 3 take those two paths at every growth of a maximum: the PTX interpreter runs all
 // three on both units, and a build whose scaling path leaves P unscaled or whose recomputation reads the wrong row
@@ -1107,8 +1107,8 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
             // stands ahead of the first MUFU. Where no row of the warp moved its maximum by more than PM_JUMP
             // (log2 units) that is the tile's softmax: P at most 2^PM_JUMP, the output not rescaled. Otherwise
             // the warp moves its maxima and scales P, its sums and (later) the output by 2^(old - new); where
-            // some P overflowed (a jump of 128 or more; PM 3 takes this path at every growth, as its check) the
-            // warp forms its rows of the tile's S again from shared memory and takes the plain path.
+            // some row jumped by more than 120 (P could overflow; PM 3 takes this path at every growth, as its
+            // check) the warp forms its rows of the tile's S again from q and k and takes the plain path.
             if (!KV && t > 0) {
                 float mx0 = -INFINITY, mx1 = -INFINITY, ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
@@ -1128,7 +1128,9 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     lrow1 += ls1;
                     return;
                 }
-                if (!__any_sync(0xffffffff, PM == 3 || isinf(ls0) || isinf(ls1))) {
+                // P stays finite (at most 2^120, its sums below 2^127, on MUFU or EMU's polynomial alike) unless
+                // some row jumped by more than 120.
+                if (!__any_sync(0xffffffff, PM == 3 || mx0 * sl2 > mrow0 + 120.f || mx1 * sl2 > mrow1 + 120.f)) {
                     const float mn0 = fmaxf(mrow0, mx0 * sl2), mn1 = fmaxf(mrow1, mx1 * sl2);
                     al0 = ex2(mrow0 - mn0);
                     al1 = ex2(mrow1 - mn1);
@@ -1139,7 +1141,7 @@ __device__ __forceinline__ void attn_tiled(const unsigned short* __restrict__ q,
                     lrow1 = lrow1 * al1 + ls1 * al1;
                     return;
                 }
-                // Some P overflowed: this warp forms its rows of the tile's S again from q and k in global
+                // A jump past 120: this warp forms its rows of the tile's S again from q and k in global
                 // memory (the tile's buffers may already hold others), 16 bytes of a row at a time, f16
                 // products summed in f32 (a wgmma is the warpgroup's; only this warp is here). Rows and
                 // keys past L read row L - 1 (their S is not used: rows are not stored, keys are masked).
