@@ -70,31 +70,18 @@ pub fn emulate_workloads(task: &Task, backend: Backend) -> Vec<Workload> {
 pub fn emulate_configs(k: &KernelSpec, workloads: &[Workload]) -> Vec<BTreeMap<String, i64>> {
     let base = k.default_config();
     let admitted = |c: &BTreeMap<String, i64>| workloads.iter().any(|w| k.specialise(c, w).is_some());
-    let mut all = vec![BTreeMap::new()];
-    for t in &k.tunables {
-        all = all
-            .into_iter()
-            .flat_map(|c: BTreeMap<String, i64>| {
-                t.values.iter().map(move |v| {
-                    let mut c = c.clone();
-                    c.insert(t.name.clone(), *v);
-                    c
-                })
-            })
-            .collect();
-    }
     let mut out = vec![base.clone()];
-    for t in &k.tunables {
-        for v in &t.values {
+    for (ti, t) in k.tunables.iter().enumerate() {
+        for (vi, v) in t.values.iter().enumerate() {
             if *v == t.default_value() {
                 continue;
             }
             let mut c = base.clone();
             c.insert(t.name.clone(), *v);
             if !admitted(&c)
-                && let Some(other) = all.iter().find(|o| o.get(&t.name) == Some(v) && admitted(o))
+                && let Some(other) = first_admitted_with(k, ti, vi, &admitted)
             {
-                c = other.clone();
+                c = other;
             }
             if !out.contains(&c) {
                 out.push(c);
@@ -102,6 +89,43 @@ pub fn emulate_configs(k: &KernelSpec, workloads: &[Workload]) -> Vec<BTreeMap<S
         }
     }
     out
+}
+
+/// The first configuration in the order of the tunables' product (the last tunable fastest) whose
+/// tunable `ti` takes its value `vi` and which `admitted` accepts. Walked one configuration at a
+/// time: the product itself (millions of configurations for a kernel with many tunables) is never
+/// held.
+fn first_admitted_with(
+    k: &KernelSpec,
+    ti: usize,
+    vi: usize,
+    admitted: &dyn Fn(&BTreeMap<String, i64>) -> bool,
+) -> Option<BTreeMap<String, i64>> {
+    let ts = &k.tunables;
+    let mut idx = vec![0usize; ts.len()];
+    idx[ti] = vi;
+    loop {
+        let c: BTreeMap<String, i64> = ts.iter().zip(&idx).map(|(t, &i)| (t.name.clone(), t.values[i])).collect();
+        if admitted(&c) {
+            return Some(c);
+        }
+        // The next configuration: the last digit other than `ti` that can move, the ones after it reset.
+        let mut j = ts.len();
+        loop {
+            if j == 0 {
+                return None;
+            }
+            j -= 1;
+            if j == ti {
+                continue;
+            }
+            idx[j] += 1;
+            if idx[j] < ts[j].values.len() {
+                break;
+            }
+            idx[j] = 0;
+        }
+    }
 }
 
 /// Run kernel `k` of the task's `mlx-metal` back-end in `config` on workload `w` (inputs from
@@ -468,4 +492,34 @@ pub fn emulate_file(
         checks: run.check(task, w, reference)?,
         note: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_no_workload_admits_alone_takes_the_first_admitted_configuration_with_it() {
+        // A = 1 needs B = 3; 18 more tunables of four values each make a product of 6 * 4^18
+        // configurations, which the search for that configuration walks rather than holds.
+        let mut text = String::from("file = \"k.cu\"\nconstraints = [\"A >= 2 || B == 3\"]\n");
+        text.push_str("[[tunables]]\nname = \"A\"\nvalues = [1, 2]\ndefault = 2\n");
+        for i in 0..18 {
+            text.push_str(&format!(
+                "[[tunables]]\nname = \"F{i:02}\"\nvalues = [5, 6, 7, 8]\ndefault = 6\n"
+            ));
+        }
+        text.push_str("[[tunables]]\nname = \"B\"\nvalues = [1, 2, 3]\ndefault = 1\n");
+        let k: KernelSpec = toml::from_str(&text).unwrap();
+        let w: Workload = [("N".to_string(), 1)].into_iter().collect();
+        let configs = emulate_configs(&k, &[w]);
+        let with_a1: Vec<_> = configs.iter().filter(|c| c["A"] == 1).collect();
+        assert_eq!(with_a1.len(), 1, "{configs:?}");
+        let c = with_a1[0];
+        assert_eq!(c["B"], 3, "{c:?}");
+        // The first such configuration in the product's order: every other tunable at its first value.
+        assert!((0..18).all(|i| c[&format!("F{i:02}")] == 5), "{c:?}");
+        // The defaults, then each other value alone: 1 + 1 (A) + 18 * 3 (F) + 2 (B).
+        assert_eq!(configs.len(), 58, "{configs:?}");
+    }
 }
