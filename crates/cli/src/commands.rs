@@ -402,6 +402,7 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
             cfg.mem_limit_bytes
         );
     }
+    fits_memory(task, cfg.backend, cfg.mem_limit_bytes)?;
     if let Some(d) = &g.kb_dir
         && let Err(e) = ksearch_kb::Kb::load(d)
     {
@@ -431,6 +432,51 @@ fn build_config(g: &Global, fc: &FileConfig, task: &Task, f: &RunFlags, prev: Op
         ksearch_search::llm_planner::settings(cfg.llm.as_ref())?;
     }
     Ok(cfg)
+}
+
+/// Refuses, before any run is recorded, a workload whose tensors alone exceed a worker's memory
+/// limit: every kernel would fail on it (the seed too), which would read as the kernels' fault,
+/// and a held-out one would fail only after the whole search.
+fn fits_memory(task: &Task, backend: Backend, limit: u64) -> Result<()> {
+    let Some(b) = task.backend(backend) else { return Ok(()) };
+    for (kind, list) in [("search", &b.search), ("heldout", &b.heldout)] {
+        for (i, w) in list.iter().enumerate() {
+            let at = || {
+                format!(
+                    "{}: backends.{}.{kind}[{i}] ({})",
+                    task.dir.join("task.toml").display(),
+                    backend.name(),
+                    ksearch_core::protocol::workload_label(w, &task.axes)
+                )
+            };
+            let need = task.buffer_bytes(backend, w).map_err(|e| anyhow::anyhow!("{}: {e}", at()))?;
+            if need > limit {
+                bail!(
+                    "{}: its tensors take {}, more than a worker's memory limit of {} (raise --mem-limit or `mem_limit` under [eval] in ksearch.toml, or make the workload smaller)",
+                    at(),
+                    show_bytes(need),
+                    show_bytes(limit)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `n` bytes in the largest binary unit that keeps it at or above 1.
+fn show_bytes(n: u64) -> String {
+    const UNITS: [&str; 7] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 fn make_planner(cfg: &RunConfig, quiet: bool) -> Result<Box<dyn Planner>> {

@@ -370,6 +370,11 @@ fn task_file_mistakes_are_named_at_load_not_blamed_on_a_kernel() {
             "a tunable's name is an identifier",
         ),
         ("name = \"rows_simd\"", "name = \"seed\"", "two kernels are named `seed`"),
+        (
+            "heldout = [\n",
+            "heldout = [\n    { rows = 4294967296, cols = 4294967296 },\n",
+            "more bytes than a 64-bit machine addresses",
+        ),
     ];
     for (from, to, want) in cases {
         let d = tempfile::tempdir().unwrap();
@@ -431,6 +436,28 @@ fn unusable_flags_and_settings_are_one_line_errors_before_any_run() {
             .unwrap();
         one_line_error(&o, want);
     }
+    // A held-out workload no worker can hold is refused before the search, not after it.
+    let tasks = d.path().join("tasks");
+    copy_dir(&repo().join("tasks/softmax"), &tasks.join("softmax"));
+    let toml = std::fs::read_to_string(tasks.join("softmax/task.toml")).unwrap();
+    assert!(toml.contains("heldout = [\n"));
+    std::fs::write(
+        tasks.join("softmax/task.toml"),
+        toml.replacen("heldout = [\n", "heldout = [\n    { rows = 65536, cols = 2048 },\n", 1),
+    )
+    .unwrap();
+    let o = ks()
+        .arg("--store")
+        .arg(&store)
+        .arg("--tasks-dir")
+        .arg(&tasks)
+        .args(["run", "softmax", "--backend", "cpu", "--mem-limit", "512MiB"])
+        .output()
+        .unwrap();
+    one_line_error(
+        &o,
+        &["heldout[0] (rows=65536,cols=2048)", "1.0 GiB", "512.0 MiB", "--mem-limit"],
+    );
     let o = ks().arg("--kb-dir").arg(d.path()).args(["kb", "profiles"]).output().unwrap();
     one_line_error(&o, &["--kb-dir"]);
     let o = ks().arg("--config").arg(d.path()).arg("runs").output().unwrap();

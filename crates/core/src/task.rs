@@ -522,6 +522,15 @@ pub fn shape_of(t: &TensorSpec, w: &Workload) -> Result<Vec<usize>, String> {
         .collect()
 }
 
+/// Bytes of a tensor of `shape` and `dtype`, or why no machine holds it (the count overflows).
+pub fn bytes_of(shape: &[usize], dtype: DType) -> Result<u64, String> {
+    shape
+        .iter()
+        .try_fold(dtype.size() as u64, |n, d| n.checked_mul(*d as u64))
+        .filter(|n| *n <= isize::MAX as u64)
+        .ok_or_else(|| format!("of shape {shape:?} in {dtype} holds more bytes than a 64-bit machine addresses"))
+}
+
 impl Task {
     /// A digest of everything that decides what a run measures: the task's fields and every
     /// kernel's source. A run records it, and `resume` refuses a task that changed since.
@@ -709,7 +718,12 @@ impl Task {
                     // task's mistake, said here, not a kernel's crash later.
                     for t in &tensors {
                         match shape_of(t, w) {
-                            Ok(sh) if sh.iter().all(|d| *d >= 1) => {}
+                            Ok(sh) if sh.iter().all(|d| *d >= 1) => {
+                                let dt = b.dtypes.get(&t.name).copied().unwrap_or(t.dtype);
+                                if let Err(e) = bytes_of(&sh, dt) {
+                                    return Err(inv(&sect, format!("backends.{bname}.{kind}[{i}]: tensor `{}` {e}", t.name)));
+                                }
+                            }
                             Ok(sh) => {
                                 return Err(inv(
                                     &sect,
@@ -918,10 +932,18 @@ impl Task {
 
     /// Bytes every evaluation must move at least once (inputs read, outputs written).
     pub fn min_bytes(&self, backend: crate::Backend, w: &Workload) -> Result<f64, String> {
-        let mut total = 0.0;
+        Ok(self.buffer_bytes(backend, w)? as f64)
+    }
+
+    /// Bytes of the task's tensors (inputs and outputs) on `backend` for workload `w`: what a
+    /// worker holds at the least to run it.
+    pub fn buffer_bytes(&self, backend: crate::Backend, w: &Workload) -> Result<u64, String> {
+        let mut total = 0u64;
         for t in self.inputs.iter().chain(&self.outputs) {
-            let n: usize = shape_of(t, w)?.iter().product();
-            total += (n * self.dtype_on(backend, t).size()) as f64;
+            let n = bytes_of(&shape_of(t, w)?, self.dtype_on(backend, t)).map_err(|e| format!("tensor `{}` {e}", t.name))?;
+            total = total
+                .checked_add(n)
+                .ok_or_else(|| "the tensors hold more bytes than a 64-bit machine addresses".to_string())?;
         }
         Ok(total)
     }
@@ -1022,6 +1044,14 @@ mod tests {
     #[derive(Deserialize)]
     struct R {
         reference: Reference,
+    }
+
+    #[test]
+    fn tensor_bytes_are_counted_without_wrapping() {
+        assert_eq!(bytes_of(&[3, 7], DType::F16), Ok(42));
+        // 2^32 x 2^32 f32 elements wrap a 64-bit product to 0: refused, never a zero-byte buffer.
+        assert!(bytes_of(&[1 << 32, 1 << 32], DType::F32).is_err());
+        assert!(bytes_of(&[1 << 62, 2], DType::F16).is_err());
     }
 
     #[test]
