@@ -1031,7 +1031,12 @@ fn best(g: &Global, run_id: i64, output: Option<&Path>, json: bool) -> Result<i3
         .and_then(|r| r.best_node)
         .or_else(|| t.best().filter(|b| b.parent.is_some()).map(|b| b.id));
     let Some(node) = node_id.and_then(|id| t.get(id)) else {
-        println!("run {run_id}: no result: {}", ksearch_search::NO_FASTER);
+        // A run that failed (its seed did) says why, not that nothing beat the seed.
+        let why = match (row.status.as_str(), &row.stop_reason) {
+            ("failed", Some(r)) => r.clone(),
+            _ => ksearch_search::NO_FASTER.to_string(),
+        };
+        println!("run {run_id}: no result: {why}");
         return Ok(1);
     };
     let key = node.candidate.clone().context("best node has no candidate")?;

@@ -80,6 +80,26 @@ fn a_best_slower_than_the_seed_once_re_timed_is_no_result_everywhere() {
         finished_run(&st, 9.26, Some(6.24), Some(5.0)); // run 2: a result
         finished_run(&st, 1.5, None, None); // run 3: nothing faster than the seed
         finished_run(&st, 3.0, Some(2.5), Some(0.22)); // run 4: slower on held-out workloads
+        // run 5: its seed failed, as the search records it (a failed seed node, no report)
+        let run = st
+            .create_run(
+                "softmax",
+                ksearch_core::Backend::Cpu,
+                "offline",
+                1,
+                "test cpu",
+                &serde_json::json!({}),
+            )
+            .unwrap();
+        let mut seed = Node::new(0, None, Action::Seed, None, Assessment::default(), 0);
+        seed.status = NodeStatus::Failed;
+        st.insert_node(run, &seed).unwrap();
+        st.set_run_status(
+            run,
+            "failed",
+            Some("seed failed: kernel process exited with code 3 while running"),
+        )
+        .unwrap();
     }
     let o = ks(&s).arg("runs").output().unwrap();
     assert!(o.status.success(), "{}", out(&o));
@@ -118,6 +138,7 @@ fn a_best_slower_than_the_seed_once_re_timed_is_no_result_everywhere() {
         ("1", "no result: no candidate faster than the seed once re-timed (best 0.86x)"),
         ("3", "no result: no candidate faster than the seed"),
         ("4", "slower than the seed on the held-out ones (0.22x)"),
+        ("5", "no result: seed failed: kernel process exited with code 3"),
     ] {
         let o = ks(&s).args(["best", run]).output().unwrap();
         assert_eq!(o.status.code(), Some(1), "best {run}: {}", out(&o));
