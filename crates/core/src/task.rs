@@ -904,6 +904,19 @@ impl Task {
                             return Err(inv(needle, format!("{what}: {err} on backends.{bname}.{kind}[{i}]")));
                         }
                     }
+                    // Every figure is a ratio to the seed, so the seed runs every workload: one
+                    // it cannot run is the task's mistake, said here, not after a whole search
+                    // (a held-out workload) or as the reference's failure.
+                    if b.seed.specialise(&b.seed.default_config(), w).is_none() {
+                        let c = b.seed.broken_constraint(&b.seed.default_config(), w).unwrap_or_default();
+                        return Err(inv(
+                            &format!("\"{}\"", b.seed.file),
+                            format!(
+                                "backends.{bname}.{kind}[{i}] ({}): the seed's constraint `{c}` does not hold, so nothing could be compared with the seed there",
+                                crate::protocol::workload_label(w, &self.axes)
+                            ),
+                        ));
+                    }
                 }
             }
         }
