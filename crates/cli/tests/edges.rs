@@ -390,30 +390,43 @@ fn task_file_mistakes_are_named_at_load_not_blamed_on_a_kernel() {
             .unwrap();
         one_line_error(&o, &["softmax/task.toml", want]);
     }
-    // A held-out workload the seed cannot run (H not a multiple of Hkv) is named at load, not
-    // after the whole search as the reference's failure.
-    let d = tempfile::tempdir().unwrap();
-    let tasks = d.path().join("tasks");
-    copy_dir(&repo().join("tasks/attention"), &tasks.join("attention"));
-    let base = std::fs::read_to_string(tasks.join("attention/task.toml")).unwrap();
-    let from = "heldout = [\n";
-    assert!(base.contains(from));
-    let to = "heldout = [\n    { B = 1, H = 6, Hkv = 4, L = 17, D = 32, causal = 0 },\n";
-    std::fs::write(tasks.join("attention/task.toml"), base.replacen(from, to, 1)).unwrap();
-    let o = ks()
-        .arg("--tasks-dir")
-        .arg(&tasks)
-        .args(["run", "attention", "--backend", "cpu"])
-        .output()
-        .unwrap();
-    one_line_error(
-        &o,
-        &[
-            "attention/task.toml",
-            "heldout[0] (B=1,H=6,Hkv=4,L=17,D=32,causal=0)",
-            "`H % Hkv == 0`",
-        ],
-    );
+    // A held-out workload the reference does not define (H not a multiple of Hkv), or one the
+    // seed cannot run (its constraint), is named at load, not after the whole search.
+    let base = std::fs::read_to_string(repo().join("tasks/attention/task.toml")).unwrap();
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "heldout = [\n",
+            "heldout = [\n    { B = 1, H = 6, Hkv = 4, L = 17, D = 32, causal = 0 },\n",
+            &[
+                "heldout[0] (B=1,H=6,Hkv=4,L=17,D=32,causal=0)",
+                "H = 6 is not a multiple of Hkv = 4",
+            ],
+        ),
+        (
+            "constraints = [\"H % Hkv == 0\"]",
+            "constraints = [\"H % Hkv == 0\", \"D <= 64\"]",
+            &[
+                "heldout[1] (B=2,H=2,Hkv=2,L=129,D=80,causal=0)",
+                "the seed's constraint `D <= 64`",
+            ],
+        ),
+    ];
+    for (from, to, want) in cases {
+        let d = tempfile::tempdir().unwrap();
+        let tasks = d.path().join("tasks");
+        copy_dir(&repo().join("tasks/attention"), &tasks.join("attention"));
+        assert!(base.contains(from), "attention's task.toml changed: {from}");
+        std::fs::write(tasks.join("attention/task.toml"), base.replacen(from, to, 1)).unwrap();
+        let o = ks()
+            .arg("--tasks-dir")
+            .arg(&tasks)
+            .args(["run", "attention", "--backend", "cpu"])
+            .output()
+            .unwrap();
+        let mut needles = vec!["attention/task.toml"];
+        needles.extend_from_slice(want);
+        one_line_error(&o, &needles);
+    }
 }
 
 #[test]

@@ -34,6 +34,23 @@ pub fn lookup(name: &str) -> Option<RefFn> {
     TABLE.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }
 
+/// What built-in reference `name` needs of a workload's axes beyond its tensors' shapes, checked
+/// on every workload when a task loads (the reference itself asserts the same).
+pub fn precondition(name: &str, axes: &BTreeMap<String, i64>) -> Result<(), String> {
+    if name == "attention" {
+        let h = axes.get("H").copied().unwrap_or(0);
+        // No Hkv axis (or 0): multi-head, as the reference reads it.
+        let hkv = match axes.get("Hkv") {
+            Some(&n) if n != 0 => n,
+            _ => h,
+        };
+        if hkv <= 0 || h % hkv != 0 {
+            return Err(format!("attention: H = {h} is not a multiple of Hkv = {hkv}"));
+        }
+    }
+    Ok(())
+}
+
 pub fn names() -> Vec<&'static str> {
     TABLE.iter().map(|(n, _)| *n).collect()
 }
@@ -76,11 +93,13 @@ pub fn rmsnorm(a: &RefArgs) -> Vec<Vec<f64>> {
 /// Hkv = 1: multi-query; a missing or zero `Hkv` axis means H). Scale 1/sqrt(D); `causal` 0/1.
 pub fn attention(a: &RefArgs) -> Vec<Vec<f64>> {
     let (b, h, l, d) = (a.axis("B"), a.axis("H"), a.axis("L"), a.axis("D"));
+    if let Err(e) = precondition("attention", a.axes) {
+        panic!("{e}");
+    }
     let hkv = match a.axis("Hkv") {
         0 => h,
         n => n,
     };
-    assert!(hkv > 0 && h % hkv == 0, "attention: H = {h} is not a multiple of Hkv = {hkv}");
     let group = h / hkv;
     let causal = a.axes.get("causal").copied().unwrap_or(0) != 0;
     let (q, k, v) = (a.inputs[0], a.inputs[1], a.inputs[2]);

@@ -904,6 +904,17 @@ impl Task {
                             return Err(inv(needle, format!("{what}: {err} on backends.{bname}.{kind}[{i}]")));
                         }
                     }
+                    if let Some(name) = self.reference.name()
+                        && let Err(e) = crate::reference::precondition(name, w)
+                    {
+                        return Err(inv(
+                            "reference",
+                            format!(
+                                "backends.{bname}.{kind}[{i}] ({}): {e}",
+                                crate::protocol::workload_label(w, &self.axes)
+                            ),
+                        ));
+                    }
                     // Every figure is a ratio to the seed, so the seed runs every workload: one
                     // it cannot run is the task's mistake, said here, not after a whole search
                     // (a held-out workload) or as the reference's failure.

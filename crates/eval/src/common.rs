@@ -100,9 +100,9 @@ pub fn host_reference(task: &Task, w: &WorkloadReq, inputs: &[HostTensor]) -> Re
                 constants: &task.constants,
                 inputs: values,
             };
-            quiet_catch(|| f(&args)).map_err(|_| {
+            quiet_catch(|| f(&args)).map_err(|why| {
                 format!(
-                    "the built-in reference `{name}` does not fit task `{}` (its inputs, outputs or axes differ from what `{name}` computes)",
+                    "the built-in reference `{name}` does not fit task `{}` on this workload ({why}; or its inputs, outputs or axes differ from what `{name}` computes)",
                     task.name
                 )
             })?
