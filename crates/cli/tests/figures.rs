@@ -18,9 +18,8 @@ fn out(o: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// A finished run whose best node measured `search` during the search and `verified` in the
-/// final re-timing; `heldout` is the held-out speed-up.
-fn finished_run(st: &Store, search: f64, verified: Option<f64>, heldout: Option<f64>) -> i64 {
+/// A new softmax run on the CPU and its seed node, in `status` (measured at 1.0x when solved).
+fn run_with_seed(st: &Store, status: NodeStatus) -> (i64, i64) {
     let run = st
         .create_run(
             "softmax",
@@ -32,9 +31,15 @@ fn finished_run(st: &Store, search: f64, verified: Option<f64>, heldout: Option<
         )
         .unwrap();
     let mut seed = Node::new(0, None, Action::Seed, None, Assessment::default(), 0);
-    seed.status = NodeStatus::Solved;
-    seed.speedup = Some(1.0);
-    let seed_id = st.insert_node(run, &seed).unwrap();
+    seed.status = status;
+    seed.speedup = (status == NodeStatus::Solved).then_some(1.0);
+    (run, st.insert_node(run, &seed).unwrap())
+}
+
+/// A finished run whose best node measured `search` during the search and `verified` in the
+/// final re-timing; `heldout` is the held-out speed-up.
+fn finished_run(st: &Store, search: f64, verified: Option<f64>, heldout: Option<f64>) -> i64 {
+    let (run, seed_id) = run_with_seed(st, NodeStatus::Solved);
     let cand = ksearch_core::protocol::Candidate {
         lang: ksearch_core::protocol::Lang::Cpp,
         source: "extern \"C\" void k() {}\n".into(),
@@ -81,19 +86,7 @@ fn a_best_slower_than_the_seed_once_re_timed_is_no_result_everywhere() {
         finished_run(&st, 1.5, None, None); // run 3: nothing faster than the seed
         finished_run(&st, 3.0, Some(2.5), Some(0.22)); // run 4: slower on held-out workloads
         // run 5: its seed failed, as the search records it (a failed seed node, no report)
-        let run = st
-            .create_run(
-                "softmax",
-                ksearch_core::Backend::Cpu,
-                "offline",
-                1,
-                "test cpu",
-                &serde_json::json!({}),
-            )
-            .unwrap();
-        let mut seed = Node::new(0, None, Action::Seed, None, Assessment::default(), 0);
-        seed.status = NodeStatus::Failed;
-        st.insert_node(run, &seed).unwrap();
+        let (run, _) = run_with_seed(&st, NodeStatus::Failed);
         st.set_run_status(
             run,
             "failed",
