@@ -352,49 +352,43 @@ fn resume_refuses_a_task_changed_since_the_run_started_and_a_new_seed_or_back_en
 
 #[test]
 fn task_file_mistakes_are_named_at_load_not_blamed_on_a_kernel() {
-    let base = std::fs::read_to_string(repo().join("tasks/softmax/task.toml")).unwrap();
-    let cases: &[(&str, &str, &str)] = &[
+    // (task, text in its task.toml, what replaces it, what the one-line error must say). The
+    // last three: a held-out workload no machine addresses, one the reference does not define
+    // (H not a multiple of Hkv) and one the seed cannot run (its constraint) are named at load,
+    // not after the whole search.
+    let cases: &[(&str, &str, &str, &[&str])] = &[
         (
+            "softmax",
             "f32 = { atol = 1e-6, rtol = 1e-4 }",
             "f32 = { atol = nan, rtol = 1e-4 }",
-            "atol and rtol must be finite",
+            &["atol and rtol must be finite"],
         ),
         (
+            "softmax",
             "heldout = [\n",
             "heldout = [\n    { rows = 0, cols = 100 },\n",
-            "has shape [0, 100]",
+            &["has shape [0, 100]"],
         ),
         (
+            "softmax",
             "name = \"VEC\"",
             "name = \"V EC; rm -rf /\"",
-            "a tunable's name is an identifier",
+            &["a tunable's name is an identifier"],
         ),
-        ("name = \"rows_simd\"", "name = \"seed\"", "two kernels are named `seed`"),
         (
+            "softmax",
+            "name = \"rows_simd\"",
+            "name = \"seed\"",
+            &["two kernels are named `seed`"],
+        ),
+        (
+            "softmax",
             "heldout = [\n",
             "heldout = [\n    { rows = 4294967296, cols = 4294967296 },\n",
-            "more bytes than a 64-bit machine addresses",
+            &["more bytes than a 64-bit machine addresses"],
         ),
-    ];
-    for (from, to, want) in cases {
-        let d = tempfile::tempdir().unwrap();
-        let tasks = d.path().join("tasks");
-        copy_dir(&repo().join("tasks/softmax"), &tasks.join("softmax"));
-        assert!(base.contains(from), "softmax's task.toml changed: {from}");
-        std::fs::write(tasks.join("softmax/task.toml"), base.replacen(from, to, 1)).unwrap();
-        let o = ks()
-            .arg("--tasks-dir")
-            .arg(&tasks)
-            .args(["run", "softmax", "--backend", "cpu"])
-            .output()
-            .unwrap();
-        one_line_error(&o, &["softmax/task.toml", want]);
-    }
-    // A held-out workload the reference does not define (H not a multiple of Hkv), or one the
-    // seed cannot run (its constraint), is named at load, not after the whole search.
-    let base = std::fs::read_to_string(repo().join("tasks/attention/task.toml")).unwrap();
-    let cases: &[(&str, &str, &[&str])] = &[
         (
+            "attention",
             "heldout = [\n",
             "heldout = [\n    { B = 1, H = 6, Hkv = 4, L = 17, D = 32, causal = 0 },\n",
             &[
@@ -403,6 +397,7 @@ fn task_file_mistakes_are_named_at_load_not_blamed_on_a_kernel() {
             ],
         ),
         (
+            "attention",
             "constraints = [\"H % Hkv == 0\"]",
             "constraints = [\"H % Hkv == 0\", \"D <= 64\"]",
             &[
@@ -411,19 +406,21 @@ fn task_file_mistakes_are_named_at_load_not_blamed_on_a_kernel() {
             ],
         ),
     ];
-    for (from, to, want) in cases {
+    for (task, from, to, want) in cases {
+        let base = std::fs::read_to_string(repo().join(format!("tasks/{task}/task.toml"))).unwrap();
         let d = tempfile::tempdir().unwrap();
         let tasks = d.path().join("tasks");
-        copy_dir(&repo().join("tasks/attention"), &tasks.join("attention"));
-        assert!(base.contains(from), "attention's task.toml changed: {from}");
-        std::fs::write(tasks.join("attention/task.toml"), base.replacen(from, to, 1)).unwrap();
+        copy_dir(&repo().join("tasks").join(task), &tasks.join(task));
+        assert!(base.contains(from), "{task}'s task.toml changed: {from}");
+        std::fs::write(tasks.join(task).join("task.toml"), base.replacen(from, to, 1)).unwrap();
         let o = ks()
             .arg("--tasks-dir")
             .arg(&tasks)
-            .args(["run", "attention", "--backend", "cpu"])
+            .args(["run", task, "--backend", "cpu"])
             .output()
             .unwrap();
-        let mut needles = vec!["attention/task.toml"];
+        let file = format!("{task}/task.toml");
+        let mut needles = vec![file.as_str()];
         needles.extend_from_slice(want);
         one_line_error(&o, &needles);
     }
